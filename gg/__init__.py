@@ -1,0 +1,21 @@
+"""gg: a ggml-style compute-graph runtime for Python with CUDA kernels compiled at run time.
+
+Build lazy graphs of tensors (ggml's ne/nb model), then `gg.build_forward(out).compute()`.
+"""
+from .backends.base import synchronize
+from .context import Context, default_context, new_tensor, tensor
+from .dtypes import BF16, F16, F32, I32, DType
+from .errors import (BackendError, CompileError, DTypeError, GGError, GraphError, OutOfMemoryError,
+                     ShapeError)
+from .graph import Graph, Plan, Step, build_forward
+from .ops import *  # noqa: F401,F403  (the op constructors)
+from .ops import __all__ as _ops_all
+from .tensor import Flag, Tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Context", "default_context", "tensor", "new_tensor", "Tensor", "Flag", "DType", "F32", "F16", "BF16",
+    "I32", "GGError", "ShapeError", "DTypeError", "GraphError", "BackendError", "OutOfMemoryError",
+    "CompileError", "Graph", "Plan", "Step", "build_forward", "synchronize", *_ops_all,
+]

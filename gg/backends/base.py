@@ -1,0 +1,89 @@
+"""The Backend protocol and the registry. The planner asks backends what they support; it never
+knows their internals, and backends never import the planner.
+
+Two halves:
+- planning (no device, no driver import): `supports`, `src_dtype`, `kernel_name`, `inplace_ok`;
+- running: `alloc`, `prepare(steps) -> Runnable`, `synchronize`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, Sequence
+
+from ..dtypes import DType
+from ..errors import BackendError
+from ..tensor import Tensor
+
+
+class Runnable(Protocol):
+    def run(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+
+    def available(self) -> bool:
+        """True when this machine can run the backend (e.g. a GPU and the driver are there)."""
+
+    def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
+        """Can one step compute `nodes` (ops in order; a fused group when len > 1)? No device needed."""
+
+    def src_dtype(self, node: Tensor, i: int) -> DType | None:
+        """The dtype the kernel for `node` needs for src[i], or None if the current one is fine.
+        The planner inserts a cast step where this differs from src[i].dtype."""
+
+    def kernel_name(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
+        """The name shown in the plan for the kernel that runs the step."""
+
+    def alloc(self, nbytes: int) -> Any:
+        """A buffer (gg.buffer protocol: backend, nbytes, read, write) of at least nbytes."""
+
+    def prepare(self, steps: Sequence[Any]) -> Runnable:
+        """Turn consecutive steps of this backend (memory already bound) into something to run
+        repeatedly. Called once per plan; `run()` is called on every compute."""
+
+    def synchronize(self) -> None:
+        """Wait for all work this backend enqueued."""
+
+
+_MODULES = {"cpu": "gg.backends.cpu", "cuda": "gg.backends.cuda"}
+_instances: dict[str, Backend] = {}
+
+
+def register(name: str, module: str) -> None:
+    """Make a backend known by the module that defines `BACKEND` (instantiated on first use)."""
+    _MODULES[name] = module
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_MODULES)
+
+
+def get(name: str) -> Backend:
+    """The backend called `name`. Instantiating it never touches a device."""
+    if name not in _instances:
+        if name not in _MODULES:
+            raise BackendError(f"unknown backend {name!r}; known: {', '.join(_MODULES)}")
+        try:
+            _instances[name] = importlib.import_module(_MODULES[name]).BACKEND
+        except (ImportError, AttributeError) as e:
+            raise BackendError(f"backend {name!r} could not be loaded: {e}") from e
+    return _instances[name]
+
+
+def available(name: str) -> bool:
+    try:
+        return get(name).available()
+    except BackendError:
+        return False
+
+
+def default_priority() -> tuple[str, ...]:
+    """CUDA first when a GPU is usable here, CPU always last."""
+    return ("cuda", "cpu") if available("cuda") else ("cpu",)
+
+
+def synchronize() -> None:
+    """Wait for everything every instantiated backend has enqueued."""
+    for b in list(_instances.values()):
+        b.synchronize()

@@ -1,0 +1,75 @@
+"""The CPU backend: numpy kernels over host memory, reading arbitrary ne/nb strides."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ... import dtypes
+from ...buffer import HostBuffer
+from ...dtypes import DType
+from ...errors import OutOfMemoryError
+from ...tensor import Tensor
+from .kernels import KERNELS
+
+
+def host_view(t: Tensor) -> np.ndarray:
+    """A writable numpy view of t's raw storage (shape ne[::-1], strides nb[::-1])."""
+    root = t.root
+    return np.ndarray(t.ne[::-1], dtype=t.dtype.storage, buffer=root.buffer.array,
+                      offset=root.offset + t.view_offs, strides=t.nb[::-1])
+
+
+def load(t: Tensor) -> np.ndarray:
+    raw = host_view(t)
+    return raw.copy() if t.dtype is dtypes.I32 else dtypes.to_float32(raw, t.dtype)
+
+
+class _Program:
+    """Consecutive CPU steps; fused steps run their ops one after another in float32."""
+
+    def __init__(self, steps: Sequence):
+        self.steps = list(steps)
+
+    def run(self) -> None:
+        for step in self.steps:
+            values: dict[Tensor, np.ndarray] = {}
+            for node in step.nodes:
+                args = [values[s] if s in values else load(s) for s in step.srcs(node)]
+                values[node] = KERNELS[node.op](node, *args)
+            out = step.out
+            host_view(out)[...] = dtypes.encode(values[out], out.dtype)
+
+
+class CPUBackend:
+    name = "cpu"
+
+    def available(self) -> bool:
+        return True
+
+    def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
+        return all(op in KERNELS for op in ops)
+
+    def src_dtype(self, node: Tensor, i: int) -> DType | None:
+        return None  # every kernel decodes any dtype to float32 itself
+
+    def kernel_name(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
+        out = nodes[-1]
+        if ops[0] in ("cpy", "cast", "cont"):
+            return f"cpy_{out.src[0].dtype.name}_{out.dtype.name}"
+        return "_".join(ops) + f"_{out.dtype.name}"
+
+    def alloc(self, nbytes: int) -> HostBuffer:
+        try:
+            return HostBuffer(nbytes)
+        except MemoryError:
+            raise OutOfMemoryError(f"cpu: cannot allocate {nbytes} bytes", nbytes) from None
+
+    def prepare(self, steps: Sequence) -> _Program:
+        return _Program(steps)
+
+    def synchronize(self) -> None:
+        pass
+
+
+BACKEND = CPUBackend()

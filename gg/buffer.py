@@ -1,0 +1,28 @@
+"""Raw byte storage. A Tensor's data is `(buffer, offset)`; backends supply their own buffer kinds.
+
+A buffer only needs `backend`, `nbytes`, `read(offset, nbytes)` and `write(offset, data)`, so the
+tensor model can read and write any backend's memory without importing the backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class HostBuffer:
+    """Host memory: a flat uint8 numpy array (also the CPU backend's arena)."""
+
+    backend = "cpu"
+
+    def __init__(self, nbytes: int):
+        self.array = np.zeros(max(int(nbytes), 1), dtype=np.uint8)
+        self.nbytes = int(nbytes)
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.array[offset:offset + nbytes].copy()
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self.array[offset:offset + data.size] = data
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({self.nbytes} B)"

@@ -1,0 +1,104 @@
+"""Pass 4, allocate: one arena per backend; offsets from a liveness pass.
+
+An intermediate's bytes are reused once its last reader ran; a single-op elementwise step may
+write over its first source in place when that source dies there with an identical layout.
+Leaves, views, graph outputs and persistent tensors are never reused."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..ops import info
+from ..tensor import Tensor
+from .step import Step
+
+ALIGN = 256
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class Arena:
+    backend: str
+    size: int = 0
+    free: list[tuple[int, int]] = field(default_factory=list)  # (offset, size), sorted by offset
+
+    def take(self, nbytes: int) -> int:
+        nbytes = _align(nbytes)
+        for i, (off, size) in enumerate(self.free):
+            if size >= nbytes:
+                if size == nbytes:
+                    self.free.pop(i)
+                else:
+                    self.free[i] = (off + nbytes, size - nbytes)
+                return off
+        if self.free and self.free[-1][0] + self.free[-1][1] == self.size:  # grow the last free block
+            off, _ = self.free.pop()
+            self.size = off + nbytes
+            return off
+        off = self.size
+        self.size += nbytes
+        return off
+
+    def give(self, off: int, nbytes: int) -> None:
+        self.free.append((off, _align(nbytes)))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, s in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self.free = merged
+
+
+@dataclass
+class Allocation:
+    offsets: dict[Tensor, tuple[str, int]]  # root tensor -> (backend, byte offset in its arena)
+    arena_bytes: dict[str, int]             # peak size of each backend's arena
+    naive_bytes: dict[str, int]             # what one buffer per tensor would take
+    inplace: dict[Tensor, Tensor]           # out -> the source whose bytes it reuses
+
+
+def _size(t: Tensor) -> int:
+    return t.nelements * t.dtype.size  # allocated tensors are contiguous
+
+
+def allocate(steps: Sequence[Step], outputs: Sequence[Tensor]) -> Allocation:
+    keep = {o.root for o in outputs}
+    owned = [s.out for s in steps if s.out.view_src is None]  # tensors that need arena memory
+    mine = set(owned)
+    last_use: dict[Tensor, int] = {}
+    for i, s in enumerate(steps):
+        for t in s.inputs:
+            if t.root in mine:
+                last_use[t.root] = i
+    arenas: dict[str, Arena] = {}
+    offsets: dict[Tensor, tuple[str, int]] = {}
+    naive: dict[str, int] = {}
+    inplace: dict[Tensor, Tensor] = {}
+    for i, s in enumerate(steps):
+        out = s.out
+        if out in mine:
+            arena = arenas.setdefault(s.backend, Arena(s.backend))
+            naive[s.backend] = naive.get(s.backend, 0) + _align(_size(out))
+            src0 = s.srcs(out)[0] if out.src else None
+            if (len(s.ops) == 1 and info(s.ops[0]).inplace and src0 is not None and src0.view_src is None
+                    and src0 in offsets and src0 not in keep and last_use.get(src0) == i
+                    and offsets[src0][0] == s.backend and src0.dtype is out.dtype and src0.nb == out.nb
+                    and src0 not in inplace.values() and s.inputs.count(src0) == 1
+                    and all(t.root is not src0 for t in s.inputs if t is not src0)):
+                offsets[out] = offsets[src0]
+                inplace[out] = src0
+                last_use[src0] = -1  # ownership moves to out
+            else:
+                offsets[out] = (s.backend, arena.take(_size(out)))
+            if out not in last_use and out not in keep:
+                last_use[out] = i  # never read: free right away
+        for t in {t.root for t in s.inputs} | ({out} if out in mine else set()):
+            if t in mine and t not in keep and last_use.get(t) == i:
+                be, off = offsets[t]
+                arenas[be].give(off, _size(t))
+    return Allocation(offsets, {b: a.size for b, a in arenas.items()}, naive, inplace)

@@ -1,0 +1,89 @@
+"""Execute a plan: bind memory once (leaf migration, arenas), then run prepared segments."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends import base
+from ..errors import BackendError
+from ..tensor import Tensor
+from .plan import Plan
+from .step import Step
+
+
+def read_strided(t: Tensor) -> np.ndarray:
+    """t's elements as a contiguous raw-storage array of shape ne[::-1], from any backend's buffer."""
+    buf, off = t.root.buffer, t.root.offset
+    lo, hi = t.extent()
+    raw = buf.read(off + lo, hi - lo)
+    view = np.lib.stride_tricks.as_strided(raw.view(t.dtype.storage), shape=t.ne[::-1], strides=t.nb[::-1])
+    return np.ascontiguousarray(view)
+
+
+class _Transfer:
+    """Copies a tensor from one backend's memory into a contiguous tensor on another's."""
+
+    def __init__(self, step: Step):
+        self.dst = step.out
+        self.src = step.out.src[0]
+
+    def run(self) -> None:
+        self.dst.root.buffer.write(self.dst.root.offset, read_strided(self.src))
+
+
+class Executor:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.segments: list = []
+        self.used = tuple(dict.fromkeys(s.backend for s in plan.steps))
+        self.arenas: dict[str, object] = {}
+
+    def _bind(self) -> None:
+        for name in self.used:
+            if not base.available(name):
+                raise BackendError(f"compute: the plan runs steps on {name!r} but that backend is not "
+                                   f"available on this machine (plan it with backends=('cpu',) instead)")
+        for step in self.plan.steps:  # leaves move to their home once, and stay there
+            for t in step.inputs + (step.out,):
+                self._migrate(t.root)
+        for name, size in self.plan.alloc.arena_bytes.items():
+            self.arenas[name] = base.get(name).alloc(max(size, 1))
+        for t, (name, off) in self.plan.alloc.offsets.items():
+            t.buffer, t.offset = self.arenas[name], off
+        self.segments = []
+        run: list[Step] = []
+        for step in self.plan.steps + [None]:  # type: ignore[operator]
+            if run and (step is None or step.ops == ("transfer",) or step.backend != run[0].backend):
+                self.segments.append(base.get(run[0].backend).prepare(run))
+                run = []
+            if step is None:
+                break
+            if step.ops == ("transfer",):
+                self.segments.append(_Transfer(step))
+            else:
+                run.append(step)
+
+    @staticmethod
+    def _migrate(root: Tensor) -> None:
+        if root.op is not None or root.home is None or root.buffer is None:
+            return
+        if root.buffer.backend != root.home:
+            nbytes = root.nelements * root.dtype.size
+            data = root.buffer.read(root.offset, nbytes)
+            new = base.get(root.home).alloc(nbytes)
+            new.write(0, data)
+            root.buffer, root.offset = new, 0
+
+    def run(self, sync: bool = True) -> None:
+        if not self.segments:
+            self._bind()
+        else:  # outputs may have been re-bound by another graph that shares them
+            for t in self.plan.outputs:
+                r = t.root
+                if r in self.plan.alloc.offsets:
+                    name, off = self.plan.alloc.offsets[r]
+                    r.buffer, r.offset = self.arenas[name], off
+        for seg in self.segments:
+            seg.run()
+        if sync:
+            for name in self.used:
+                base.get(name).synchronize()

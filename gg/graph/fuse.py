@@ -1,0 +1,78 @@
+"""Pass 2, fuse: merge chains of single-node steps into one kernel where ggml's rules allow.
+
+A chain n0 -> n1 -> ... fuses when every intermediate is src[0] of the next node, has exactly one
+consumer in the graph, is not a graph output, is not viewed by anything, all nodes run on the same
+backend that supports the group, and no write into persistent memory happens between them."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..backends import base
+from ..ops import info
+from ..tensor import Tensor
+from .step import Step
+
+PATTERNS: tuple[tuple[str, ...], ...] = (  # longest first
+    ("rms_norm", "mul", "add"),
+    ("scale", "add", "soft_max"),
+    ("scale", "diag_mask_inf", "soft_max"),
+    ("rms_norm", "mul"),
+)
+
+
+def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
+    consumers: dict[Tensor, list[Tensor]] = {}
+    viewed: set[Tensor] = set()
+    for n in nodes:
+        for s in set(n.src):
+            consumers.setdefault(s, []).append(n)
+        if n.view_src is not None:
+            viewed.add(n.view_src)
+    outs = set(outputs)
+    index = {s.out: i for i, s in enumerate(steps)}
+
+    def chain(first: Step, pattern: tuple[str, ...]) -> list[Step] | None:
+        group = [first]
+        for op in pattern[1:]:
+            t = group[-1].out
+            users = consumers.get(t, [])
+            if t in outs or t in viewed or len(users) != 1:
+                return None
+            nxt = users[0]
+            if nxt.op != op or not nxt.src or nxt.src[0] is not t or nxt not in index:
+                return None
+            if nxt.src.count(t) != 1:  # x * x: the intermediate would be needed twice
+                return None
+            step = steps[index[nxt]]
+            if step.backend != first.backend:
+                return None
+            group.append(step)
+        lo, hi = index[group[0].out], index[group[-1].out]
+        if any(info(s.ops[0]).writes_view for s in steps[lo + 1:hi] if s not in group):
+            return None
+        group_nodes = tuple(s.out for s in group)
+        if not base.get(first.backend).supports(pattern, group_nodes):
+            return None
+        return group
+
+    fused_into: dict[Step, Step] = {}   # member step -> the fused step (placed at its last member)
+    for step in steps:
+        if step in fused_into:
+            continue
+        for pattern in PATTERNS:
+            if step.ops[0] != pattern[0]:
+                continue
+            group = chain(step, pattern)
+            if group and not any(g in fused_into for g in group):
+                merged = Step(pattern, tuple(g.out for g in group), step.backend)
+                for g in group:
+                    fused_into[g] = merged
+                break
+    out: list[Step] = []
+    for step in steps:
+        merged = fused_into.get(step)
+        if merged is None:
+            out.append(step)
+        elif step.out is merged.out:
+            out.append(merged)
+    return out

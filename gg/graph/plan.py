@@ -1,0 +1,87 @@
+"""Plan: the ordered steps gg will run, with where each runs, what it fused and inserted, and memory."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..tensor import Tensor
+from .allocate import Allocation
+from .step import Step
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+@dataclass
+class Plan:
+    """What `graph.compute()` runs. `steps` are in execution order; `alloc` holds the arena offsets."""
+
+    steps: list[Step]
+    alloc: Allocation
+    backends: tuple[str, ...]
+    outputs: Sequence[Tensor]
+
+    @property
+    def fused(self) -> list[Step]:
+        return [s for s in self.steps if len(s.ops) > 1]
+
+    @property
+    def inserted(self) -> list[Step]:
+        return [s for s in self.steps if s.inserted]
+
+    @property
+    def arena_bytes(self) -> dict[str, int]:
+        return dict(self.alloc.arena_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.alloc.arena_bytes.values())
+
+    def summary(self) -> str:
+        transfers = sum(1 for s in self.steps if s.ops == ("transfer",))
+        casts = sum(1 for s in self.steps if s.inserted and s.ops == ("cast",))
+        fused = self.fused
+        arenas = ", ".join(f"{b} {_mib(n)} (naive {_mib(self.alloc.naive_bytes.get(b, 0))})"
+                           for b, n in self.alloc.arena_bytes.items()) or "none"
+        return (f"{len(self.steps)} steps, {len(fused)} fused groups ({sum(len(s.ops) for s in fused)} ops), "
+                f"{transfers} transfers, {casts} casts inserted; arenas: {arenas}")
+
+    def __str__(self) -> str:
+        rows = [("#", "ops", "backend", "kernel", "out", "bytes", "mem")]
+        for i, s in enumerate(self.steps):
+            out = s.out
+            ne = "x".join(str(n) for n in out.ne[:out.n_dims])
+            if out.view_src is not None:
+                mem = f"-> {out.view_src.label()}"
+            elif out in self.alloc.offsets:
+                be, off = self.alloc.offsets[out]
+                mem = f"{be}+{off}" + (" (in-place)" if out in self.alloc.inplace else "")
+            else:
+                mem = ""
+            ops = "+".join(s.ops) + (" *" if s.inserted else "")
+            rows.append((str(i), ops, s.backend, s.kernel, f"{out.dtype.name}[{ne}]",
+                         str(out.nelements * out.dtype.size), mem))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(self.summary() + "   (* = inserted by the planner)")
+        return "\n".join(lines)
+
+    def to_dot(self) -> str:
+        """Graphviz DOT: one box per step (fused steps list their ops), inserted steps dashed."""
+        producer = {s.out: i for i, s in enumerate(self.steps)}
+        lines = ["digraph plan {", "  rankdir=TB; node [shape=box, fontname=monospace];"]
+        for i, s in enumerate(self.steps):
+            style = ", style=dashed" if s.inserted else (", style=bold" if len(s.ops) > 1 else "")
+            label = f"{i}: {' + '.join(s.ops)}\\n{s.kernel} [{s.backend}]"
+            lines.append(f'  s{i} [label="{label}"{style}];')
+        for i, s in enumerate(self.steps):
+            for t in s.inputs:
+                src = t
+                while src not in producer and src.op is not None and src.src and src.view_src is not None:
+                    src = src.src[0]  # walk back through views to the step that wrote the bytes
+                if src in producer:
+                    lines.append(f"  s{producer[src]} -> s{i};")
+        lines.append("}")
+        return "\n".join(lines)

@@ -1,0 +1,20 @@
+"""The planner: assign -> fuse -> insert copies/casts -> allocate. Never touches a device."""
+from __future__ import annotations
+
+from ..backends import base
+from .allocate import allocate
+from .assign import assign
+from .fuse import fuse
+from .insert import insert
+from .plan import Plan
+
+
+def make_plan(graph) -> Plan:
+    priority = graph.backends if graph.backends is not None else base.default_priority()
+    for name in priority:
+        base.get(name)  # unknown names fail here, with the list of known ones
+    steps = assign(graph.nodes, graph.leafs, priority)
+    if graph.fuse:
+        steps = fuse(steps, graph.nodes, graph.outputs)
+    steps = insert(steps)
+    return Plan(steps, allocate(steps, graph.outputs), tuple(priority), list(graph.outputs))

@@ -1,0 +1,43 @@
+"""Step: one unit of work in a plan (a node, a fused group of nodes, or an inserted transfer/cast)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..tensor import Tensor
+
+
+@dataclass(eq=False)
+class Step:
+    """`ops` are the op names computed, in order; `nodes` the graph nodes (the last is `out`).
+    `subst` maps a source tensor to the tensor the step actually reads instead (an inserted
+    transfer or cast). `inserted` marks steps the planner added."""
+
+    ops: tuple[str, ...]
+    nodes: tuple[Tensor, ...]
+    backend: str
+    kernel: str = ""
+    inserted: bool = False
+    subst: dict[Tensor, Tensor] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Tensor:
+        return self.nodes[-1]
+
+    def srcs(self, node: Tensor) -> tuple[Tensor, ...]:
+        """node.src with planner substitutions applied (what the kernel must read)."""
+        return tuple(self.subst.get(s, s) for s in node.src)
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """Tensors read from outside the step, in first-use order, after substitution."""
+        inside = set(self.nodes)
+        seen: dict[Tensor, None] = {}
+        for n in self.nodes:
+            for s in self.srcs(n):
+                if s not in inside:
+                    seen.setdefault(s, None)
+        return tuple(seen)
+
+    def __repr__(self) -> str:
+        mark = "*" if self.inserted else ""
+        return f"Step({'+'.join(self.ops)}{mark} on {self.backend}: {self.kernel}, out ne={self.out.ne})"

@@ -1,0 +1,42 @@
+"""Validation helpers shared by op constructors; each error names the op and the offending ne/dtype."""
+from __future__ import annotations
+
+from ..dtypes import DType, F16, F32, BF16
+from ..errors import DTypeError, ShapeError
+from ..tensor import Tensor
+
+FLOATS = (F32, F16, BF16)
+
+
+def tensor_arg(op: str, t: object, what: str = "input") -> Tensor:
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{op}: {what} must be a gg.Tensor, got {type(t).__name__}")
+    return t
+
+
+def dtype_in(op: str, t: Tensor, allowed: tuple[DType, ...], what: str = "input") -> None:
+    if t.dtype not in allowed:
+        names = "/".join(d.name for d in allowed)
+        raise DTypeError(f"{op}: {what} must be {names}, got {t.dtype.name} (ne={t.ne})")
+
+
+def can_repeat(op: str, a: Tensor, b: Tensor) -> None:
+    """b repeats over a: every a.ne[i] is a multiple of b.ne[i] (ggml_can_repeat)."""
+    if any(x % y for x, y in zip(a.ne, b.ne)):
+        raise ShapeError(f"{op}: src1 ne={b.ne} cannot be broadcast over src0 ne={a.ne} "
+                         "(each src0 ne[i] must be a multiple of src1 ne[i])")
+
+
+def same_shape(op: str, a: Tensor, b: Tensor) -> None:
+    if a.ne != b.ne:
+        raise ShapeError(f"{op}: shapes differ: ne={a.ne} vs ne={b.ne}")
+
+
+def finite_number(op: str, value: object, what: str) -> float:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise DTypeError(f"{op}: {what} must be a number, got {value!r}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ShapeError(f"{op}: {what} must be finite, got {v}")
+    return v

@@ -1,0 +1,31 @@
+"""What the rest of gg may ask about an op without knowing its code: is it metadata-only, may it
+write over its first source. One entry per op, registered next to its constructor."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    metadata_only: bool = False  # a view: no kernel, no copy
+    inplace: bool = False        # may write over src[0] when layouts match and src[0] dies here
+    dst_index: int | None = None  # index of the src whose bytes the op writes (cpy: 1, set_rows: 0)
+
+    @property
+    def writes_view(self) -> bool:
+        """The result is a view of a destination tensor the op writes into (a KV-cache write)."""
+        return self.dst_index is not None
+
+
+OPS: dict[str, OpInfo] = {}
+
+
+def register(name: str, **flags) -> OpInfo:
+    info = OpInfo(name, **flags)
+    OPS[name] = info
+    return info
+
+
+def info(name: str) -> OpInfo:
+    return OPS[name]

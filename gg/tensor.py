@@ -1,0 +1,227 @@
+"""The tensor: ggml's model (4-d ne/nb in bytes, op + src + typed params, views of a root)."""
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import dtypes
+from .dtypes import DType
+from .errors import DTypeError, GGError, ShapeError
+
+MAX_DIMS = 4
+
+
+class Flag(enum.Flag):
+    NONE = 0
+    INPUT = enum.auto()
+    OUTPUT = enum.auto()
+    PERSISTENT = enum.auto()
+
+
+def contiguous_strides(dtype: DType, ne: Sequence[int]) -> tuple[int, ...]:
+    nb = [dtype.size]
+    for i in range(1, MAX_DIMS):
+        nb.append(nb[-1] * ne[i - 1])
+    return tuple(nb)
+
+
+def pad_ne(ne: Sequence[int], what: str = "tensor") -> tuple[int, int, int, int]:
+    ne = tuple(int(n) for n in ne)
+    if not 1 <= len(ne) <= MAX_DIMS or any(n < 1 for n in ne):
+        raise ShapeError(f"{what}: ne must be 1 to 4 positive element counts, got {ne}")
+    return ne + (1,) * (MAX_DIMS - len(ne))  # type: ignore[return-value]
+
+
+class Tensor:
+    """A node of the lazy graph, or a leaf that owns data (weights, inputs, caches).
+
+    `ne[0]` is the innermost dimension; `nb` are byte strides. A view shares the bytes of its
+    root `view_src` at byte offset `view_offs`. Data appears only after `graph.compute()` for op
+    nodes; leaves hold data from their creation.
+    """
+
+    __slots__ = ("dtype", "ne", "nb", "op", "params", "src", "view_src", "view_offs", "name", "flags",
+                 "ctx", "buffer", "offset", "home", "__weakref__")
+
+    def __init__(self, dtype: DType, ne: Sequence[int], nb: Sequence[int] | None = None, *,
+                 op: str | None = None, params: Any = None, src: Sequence["Tensor"] = (),
+                 view_src: "Tensor | None" = None, view_offs: int = 0, name: str | None = None,
+                 flags: Flag = Flag.NONE, ctx: Any = None):
+        self.dtype = dtype
+        self.ne = pad_ne(ne, op or "tensor")
+        self.nb = tuple(int(b) for b in nb) if nb is not None else contiguous_strides(dtype, self.ne)
+        self.op = op
+        self.params = params
+        self.src = tuple(src)
+        self.view_src = view_src.root if view_src is not None else None
+        self.view_offs = int(view_offs)
+        self.name = name
+        self.flags = flags
+        self.ctx = ctx
+        self.buffer = None   # set on roots once memory is assigned (leaf creation or allocation)
+        self.offset = 0
+        self.home: str | None = None  # backend whose memory holds the root's data
+        if self.view_src is not None:
+            self._check_view_bounds()
+
+    # ---- shape helpers -------------------------------------------------------------------
+    @property
+    def root(self) -> "Tensor":
+        return self.view_src if self.view_src is not None else self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op is None
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_src is not None
+
+    @property
+    def n_dims(self) -> int:
+        """ggml's n_dims: index of the last dim with ne > 1, plus one (at least 1)."""
+        for i in range(MAX_DIMS - 1, 0, -1):
+            if self.ne[i] > 1:
+                return i + 1
+        return 1
+
+    @property
+    def nelements(self) -> int:
+        return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes spanned by the tensor's elements (for a contiguous tensor: nelements * size)."""
+        return self.extent()[1] - self.extent()[0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape (ne reversed, trailing unit dims of ne dropped)."""
+        return self.ne[:self.n_dims][::-1]
+
+    def extent(self) -> tuple[int, int]:
+        """Byte range [lo, hi) this tensor touches, relative to its root's start."""
+        span = sum((n - 1) * b for n, b in zip(self.ne, self.nb))
+        return self.view_offs, self.view_offs + span + self.dtype.size
+
+    def is_contiguous(self) -> bool:
+        return self.nb == contiguous_strides(self.dtype, self.ne) or self.nelements == 1
+
+    def rows_contiguous(self) -> bool:
+        return self.nb[0] == self.dtype.size
+
+    def same_shape(self, other: "Tensor") -> bool:
+        return self.ne == other.ne
+
+    def _check_view_bounds(self) -> None:
+        if any(b < 0 for b in self.nb):
+            raise ShapeError(f"{self.op or 'view'}: negative strides nb={self.nb} are not supported")
+        lo, hi = self.extent()
+        root = self.view_src
+        size = root.nelements * root.dtype.size
+        if lo < 0 or hi > size:
+            raise ShapeError(
+                f"{self.op or 'view'}: view ne={self.ne} nb={self.nb} offset={self.view_offs} reaches bytes "
+                f"[{lo}, {hi}) outside its source ne={root.ne} {root.dtype.name} ({size} bytes)")
+
+    # ---- data ----------------------------------------------------------------------------
+    def _storage(self):
+        root = self.root
+        if root.buffer is None:
+            what = "has no data yet: compute a graph that contains it first" if root.op else "has no storage"
+            raise GGError(f"tensor {self.label()} {what}")
+        if root.ctx is not None and getattr(root.ctx, "freed", False):
+            raise GGError(f"tensor {self.label()} belongs to a freed context")
+        return root.buffer, root.offset
+
+    def _raw_view(self, raw: np.ndarray, lo: int) -> np.ndarray:
+        # `raw` holds exactly the bytes [lo, hi) of the root, so the view starts at its first byte.
+        return np.lib.stride_tricks.as_strided(raw.view(self.dtype.storage), shape=self.ne[::-1],
+                                               strides=self.nb[::-1], writeable=True)
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the data, shape `ne[:n_dims][::-1]`. F32/F16/I32 keep their dtype; BF16 -> float32."""
+        buf, off = self._storage()
+        lo, hi = self.extent()
+        raw = buf.read(off + lo, hi - lo)
+        arr = self._raw_view(raw, lo)
+        if self.dtype is dtypes.BF16:
+            arr = dtypes.to_float32(arr, self.dtype)
+        return np.array(arr).reshape(self.shape)
+
+    def set(self, array: Any) -> "Tensor":
+        """Write `array` (numpy shape ne[::-1], dtype safely castable) into this leaf or leaf view."""
+        if self.root.op is not None:
+            raise GGError(f"set: tensor {self.label()} is computed by op '{self.root.op}'; only leaves "
+                          "(and views of leaves) can be set")
+        array = np.asarray(array)
+        want = self.ne[::-1]
+        if array.shape not in (want, self.shape):
+            raise ShapeError(f"set: tensor {self.label()} ne={self.ne} needs numpy shape "
+                             f"{self.shape}, got {array.shape}")
+        check_castable("set", array.dtype, self.dtype)
+        values = dtypes.encode(array.reshape(want), self.dtype)
+        buf, off = self._storage()
+        lo, hi = self.extent()
+        if self.is_contiguous():
+            buf.write(off + lo, values)
+            return self
+        raw = buf.read(off + lo, hi - lo)
+        self._raw_view(raw, lo)[...] = values
+        buf.write(off + lo, raw)
+        return self
+
+    # ---- presentation --------------------------------------------------------------------
+    def label(self) -> str:
+        return f"'{self.name}'" if self.name else f"<{self.op or 'leaf'} {self.dtype.name} ne={self.ne}>"
+
+    def __repr__(self) -> str:
+        op = self.op or "leaf"
+        view = f", view of {self.view_src.label()}+{self.view_offs}" if self.view_src is not None else ""
+        name = f" '{self.name}'" if self.name else ""
+        return f"Tensor({op}{name}, {self.dtype.name}, ne={self.ne}{view})"
+
+    # ---- operators (lazy ops) ------------------------------------------------------------
+    def __add__(self, other: "Tensor") -> "Tensor":
+        from .ops import add
+        return add(self, other)
+
+    def __sub__(self, other: "Tensor") -> "Tensor":
+        from .ops import sub
+        return sub(self, other)
+
+    def __mul__(self, other: "Tensor") -> "Tensor":
+        from .ops import mul
+        return mul(self, other)
+
+    def __truediv__(self, other: "Tensor") -> "Tensor":
+        from .ops import div
+        return div(self, other)
+
+    def __matmul__(self, other: "Tensor") -> "Tensor":
+        from .ops import mul_mat
+        return mul_mat(other, self)  # x @ W^T in ggml terms: mul_mat(W, x)
+
+    # Tensors are graph nodes: identity semantics, hashable.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:  # type: ignore[override]
+        return self is other
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def check_castable(what: str, src: np.dtype, dst: DType) -> None:
+    """Refuse conversions that lose meaning (float -> int, int -> half/bf16 is allowed only for float dsts)."""
+    src = np.dtype(src)
+    if dst is dtypes.I32:
+        ok = np.issubdtype(src, np.integer) and np.can_cast(src, np.int64)
+        if ok and src.itemsize > 4 and src != np.dtype(np.int64):
+            ok = False
+    else:
+        ok = np.issubdtype(src, np.floating) or np.issubdtype(src, np.integer) or src == np.bool_
+    if not ok:
+        raise DTypeError(f"{what}: cannot store numpy {src} data in a {dst.name} tensor")
