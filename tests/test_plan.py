@@ -1,0 +1,215 @@
+"""The planner: assignment, fusion (and when it must not happen), inserted transfers and casts,
+memory planning, and the printed plan."""
+import numpy as np
+import pytest
+
+import fake_backend  # noqa: F401  (registers the "fake" backend)
+import gg
+from gg.backends import base
+from reference_helpers import nmse
+
+
+def ops_of(graph):
+    return [s.ops for s in graph.plan.steps]
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_rms_norm_mul_add_fuses_and_matches_unfused(rng):
+    x, w, b = gg.tensor(f32(rng, 7, 511)), gg.tensor(f32(rng, 511)), gg.tensor(f32(rng, 7, 511))
+    y = gg.add(gg.mul(gg.rms_norm(x, 1e-5), w), b)
+    fused = gg.build_forward(y, backends=("cpu",))
+    assert ops_of(fused) == [("rms_norm", "mul", "add")]
+    fused.compute()
+    got = y.numpy()
+    plain = gg.build_forward(y, backends=("cpu",), fuse=False)
+    assert ops_of(plain) == [("rms_norm",), ("mul",), ("add",)]
+    plain.compute()
+    np.testing.assert_array_equal(got, y.numpy())
+
+
+@pytest.mark.parametrize("masking", ["add", "diag"])
+def test_softmax_chain_fuses(rng, masking):
+    x = gg.tensor(f32(rng, 3, 5, 9))
+    s = gg.scale(x, 0.25)
+    if masking == "add":
+        m = gg.tensor(f32(rng, 5, 9))
+        s, pattern = gg.add(s, m), ("scale", "add", "soft_max")
+    else:
+        s, pattern = gg.diag_mask_inf(s, 4), ("scale", "diag_mask_inf", "soft_max")
+    y = gg.soft_max(s)
+    g = gg.build_forward(y, backends=("cpu",))
+    assert ops_of(g) == [pattern]
+    g.compute()
+    got = y.numpy()
+    gg.build_forward(y, backends=("cpu",), fuse=False).compute()
+    np.testing.assert_array_equal(got, y.numpy())
+
+
+def test_no_fusion_env(monkeypatch, rng):
+    monkeypatch.setenv("GG_NO_FUSION", "1")
+    x, w = gg.tensor(f32(rng, 4, 8)), gg.tensor(f32(rng, 8))
+    assert ops_of(gg.build_forward(gg.rms_norm(x, 1e-6) * w, backends=("cpu",))) == [("rms_norm",), ("mul",)]
+
+
+def _illegal_cases(rng):
+    x, w = gg.tensor(f32(rng, 4, 16)), gg.tensor(f32(rng, 16))
+    n = gg.rms_norm(x, 1e-6)
+    yield "read twice", [gg.mul(n, w) + n], None
+    n2 = gg.rms_norm(x, 1e-6)
+    yield "intermediate is an output", [gg.mul(n2, w), n2], None
+    n3 = gg.rms_norm(x, 1e-6)
+    v = gg.view_1d(n3, 16, 0)
+    yield "intermediate is viewed", [gg.mul(n3, w), v], None
+    n4 = gg.rms_norm(gg.tensor(f32(rng, 1, 16)), 1e-6)
+    yield "intermediate is src1", [gg.mul(gg.tensor(f32(rng, 4, 16)), n4)], None
+    n5 = gg.rms_norm(x, 1e-6)
+    yield "squared", [gg.mul(n5, n5)], None
+
+
+def test_illegal_fusions_do_not_happen_and_stay_correct(rng):
+    for what, outs, _ in _illegal_cases(rng):
+        g = gg.build_forward(*outs, backends=("cpu",))
+        assert all(len(s.ops) == 1 for s in g.plan.steps), (what, ops_of(g))
+        g.compute()
+        got = [o.numpy() for o in outs]
+        gg.build_forward(*outs, backends=("cpu",), fuse=False).compute()
+        for a, o in zip(got, outs):
+            np.testing.assert_array_equal(a, o.numpy(), err_msg=what)
+
+
+def test_no_fusion_across_a_cache_write(rng):
+    ctx = gg.Context()
+    cache = ctx.new_tensor(gg.F32, (8, 4), persistent=True)
+    x = gg.tensor(f32(rng, 4, 8))
+    n = gg.rms_norm(gg.view_2d(cache, 8, 4, 32, 0), 1e-6)   # reads the cache...
+    g = gg.build_forward(n, backends=("cpu",))
+    g.build_forward_expand(gg.cpy(x, gg.view_2d(cache, 8, 4, 32, 0)))  # ...which is written next
+    w = gg.tensor(f32(rng, 8))
+    g.build_forward_expand(gg.mul(n, w))
+    assert all(len(s.ops) == 1 for s in g.plan.steps)
+
+
+def test_plan_for_cuda_without_gpu(rng):
+    x, w = gg.tensor(f32(rng, 4, 64)), gg.tensor(f32(rng, 64))
+    cache = gg.new_tensor(gg.F16, (64, 16), persistent=True)
+    y = gg.rms_norm(x, 1e-6) * w
+    g = gg.build_forward(y, backends=("cuda", "cpu"))
+    g.build_forward_expand(gg.cpy(y, gg.view_2d(cache, 64, 4, 128, 0)))
+    plan = g.plan
+    assert [s.backend for s in plan.steps] == ["cuda", "cuda"]
+    assert plan.steps[0].ops == ("rms_norm", "mul")
+    assert plan.steps[1].kernel == "cpy_f32_f16"
+    if not base.available("cuda"):
+        with pytest.raises(gg.BackendError, match="cuda"):
+            g.compute()
+
+
+def test_transfers_between_backends(rng):
+    host = gg.Context(backend="cpu")
+    xa, wa = f32(rng, 3, 32), f32(rng, 32)
+    x, w = host.tensor(xa), host.tensor(wa)
+    y = gg.rms_norm(x, 1e-6) * w
+    g = gg.build_forward(y, backends=("fake", "cpu"))
+    steps = g.plan.steps
+    assert [(s.ops, s.backend, s.inserted) for s in steps] == [
+        (("transfer",), "fake", True), (("transfer",), "fake", True), (("rms_norm", "mul"), "fake", False)]
+    assert steps[0].kernel == "transfer_cpu_to_fake"
+    g.compute()
+    ref = xa / np.sqrt((xa.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * wa
+    assert nmse(y.numpy(), ref) < 1e-7
+    assert isinstance(y.root.buffer, fake_backend.FakeBuffer)
+    x.set(xa * 2)  # new input, same plan: the transfer runs again
+    g.compute()
+    assert nmse(y.numpy(), ref) < 1e-7  # rms_norm is scale-invariant
+
+
+def test_fallback_and_cast_are_visible(rng):
+    ctx = gg.Context()
+    wa, xa = f32(rng, 16, 8), f32(rng, 2, 5, 8)
+    w = ctx.tensor(wa.astype(np.float16))           # F16 weight: the fake mul_mat wants F32 -> cast
+    x = ctx.tensor(xa)
+    pos = ctx.tensor(np.arange(2, dtype=np.int32))
+    r = gg.rope(x, pos, 8)                           # fake has no rope -> falls back to cpu
+    y = gg.mul_mat(w, gg.reshape(gg.cont(r), 8, 10))
+    g = gg.build_forward(y, backends=("fake", "cpu"))
+    rows = [(s.ops, s.backend, s.inserted, s.kernel) for s in g.plan.steps]
+    assert rows[0][:2] == (("rope",), "cpu")
+    assert (("transfer",), "fake", True, "transfer_cpu_to_fake") in rows
+    assert (("cast",), "fake", True, "cpy_f16_f32") in rows
+    g.compute()
+    cpu = gg.build_forward(y, backends=("cpu",))
+    got = y.numpy()
+    cpu.compute()
+    np.testing.assert_allclose(got, y.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_liveness_keeps_arena_constant_for_long_chains(rng):
+    n_elems = 1024
+    x = gg.tensor(f32(rng, n_elems))
+    t = x
+    for i in range(40):
+        t = gg.rms_norm(t, 1e-6) if i % 2 else gg.scale(t, 1.01)  # rms_norm cannot run in place
+    g = gg.build_forward(t, backends=("cpu",), fuse=False)
+    assert len(g.plan.steps) == 40
+    assert g.plan.arena_bytes["cpu"] <= 3 * n_elems * 4
+    assert g.plan.alloc.naive_bytes["cpu"] >= 40 * n_elems * 4
+    g.compute()
+    ref = x.numpy().astype(np.float64)
+    for i in range(40):
+        ref = ref / np.sqrt((ref ** 2).mean() + 1e-6) if i % 2 else ref * 1.01
+    assert nmse(t.numpy(), ref) < 1e-7
+
+
+def test_inplace_only_when_the_source_dies(rng):
+    a = gg.tensor(f32(rng, 64))
+    s = gg.scale(gg.rms_norm(a, 1e-6), 2.0)    # rms_norm's output dies at scale: in place
+    u = gg.scale(gg.rms_norm(a, 1e-5), 3.0)
+    v = gg.add(u, gg.rms_norm(a, 1e-5))        # unrelated
+    g = gg.build_forward(s, v, backends=("cpu",), fuse=False)
+    assert s in g.plan.alloc.inplace
+    g.compute()
+    x = a.numpy().astype(np.float64)
+    assert nmse(s.numpy(), 2 * x / np.sqrt((x * x).mean() + 1e-6)) < 1e-7
+
+
+def test_outputs_are_never_reused(rng):
+    x = gg.tensor(f32(rng, 256))
+    mid = gg.scale(x, 2.0)
+    out = gg.scale(mid, 3.0)
+    g = gg.build_forward(out, backends=("cpu",))
+    g.build_forward_expand(mid)
+    g.compute()
+    xa = x.numpy()
+    np.testing.assert_allclose(mid.numpy(), xa * 2, rtol=1e-6)
+    np.testing.assert_allclose(out.numpy(), xa * 6, rtol=1e-6)
+
+
+def test_printed_plan_and_dot(rng):
+    x, w = gg.tensor(f32(rng, 4, 64)), gg.tensor(f32(rng, 64))
+    y = gg.soft_max(gg.scale(gg.rms_norm(x, 1e-6) * w, 0.5))
+    g = gg.build_forward(y, backends=("cpu",))
+    text = str(g.plan)
+    assert "rms_norm+mul" in text and "kernel" in text and "fused groups" in text
+    assert g.plan.summary().startswith("3 steps, 1 fused groups")
+    dot = g.to_dot()
+    assert dot.startswith("digraph") and "s0 -> s1" in dot
+
+
+def test_unknown_backend_and_cycle_and_freed_context(rng):
+    x = gg.tensor(f32(rng, 4))
+    with pytest.raises(gg.BackendError, match="unknown backend"):
+        gg.build_forward(x * x, backends=("tpu",)).plan
+    a = x + x
+    b = a * x
+    a.src = (b, x)  # only reachable by mutating a node: the planner must not hang
+    with pytest.raises(gg.GraphError, match="cycle"):
+        gg.build_forward(b)
+    ctx = gg.Context()
+    t = ctx.tensor(f32(rng, 4))
+    y = t * t
+    ctx.free()
+    with pytest.raises(gg.GGError, match="freed"):
+        gg.build_forward(y, backends=("cpu",)).compute()
