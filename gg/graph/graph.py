@@ -75,7 +75,7 @@ class Graph:
             self._plan = make_plan(self)
         return self._plan
 
-    def compute(self, sync: bool = True, profile: bool = False) -> "Graph":
+    def compute(self, sync: bool = True) -> "Graph":
         """Run the graph. With `sync=False` CUDA work is only enqueued (see `gg.synchronize`)."""
         if self._executor is None:
             from .executor import Executor
