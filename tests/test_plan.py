@@ -213,3 +213,18 @@ def test_unknown_backend_and_cycle_and_freed_context(rng):
     ctx.free()
     with pytest.raises(gg.GGError, match="freed"):
         gg.build_forward(y, backends=("cpu",)).compute()
+
+
+def test_profile_table(rng):
+    x, w = gg.tensor(f32(rng, 4, 64)), gg.tensor(f32(rng, 64))
+    W = gg.tensor(f32(rng, 32, 64))
+    y = gg.mul_mat(W, gg.rms_norm(x, 1e-6) * w)
+    g = gg.build_forward(y, backends=("cpu",))
+    prof = g.profile(repeat=3)
+    rows = prof.rows()
+    assert [r["ops"] for r in rows] == ["rms_norm+mul", "mul_mat"]
+    assert rows[1]["bytes"] == (32 * 64 + 4 * 64 + 4 * 32) * 4
+    assert all(r["us"] > 0 for r in rows) and abs(sum(r["share"] for r in rows) - 1) < 1e-9
+    assert "TFLOP/s" in str(prof)
+    ref = (x.numpy() / np.sqrt((x.numpy().astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w.numpy()) @ W.numpy().T
+    assert nmse(y.numpy(), ref) < 1e-6

@@ -16,7 +16,11 @@ from ..tensor import Tensor
 
 
 class Runnable(Protocol):
-    def run(self) -> None: ...
+    def run(self) -> None:
+        """Enqueue (CUDA) or do (CPU) the work of the prepared steps."""
+
+    def timed_run(self) -> list[float]:
+        """Run synchronously, returning each step's time in seconds (device time on a GPU)."""
 
 
 class Backend(Protocol):

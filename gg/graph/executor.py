@@ -1,6 +1,9 @@
 """Execute a plan: bind memory once (leaf migration, arenas), then run prepared segments."""
 from __future__ import annotations
 
+import statistics
+import time
+
 import numpy as np
 
 from ..backends import base
@@ -28,6 +31,11 @@ class _Transfer:
 
     def run(self) -> None:
         self.dst.root.buffer.write(self.dst.root.offset, read_strided(self.src))
+
+    def timed_run(self) -> list[float]:
+        t0 = time.perf_counter()
+        self.run()
+        return [time.perf_counter() - t0]
 
 
 class Executor:
@@ -72,6 +80,19 @@ class Executor:
             new = base.get(root.home).alloc(nbytes)
             new.write(0, data)
             root.buffer, root.offset = new, 0
+
+    def profile(self, repeat: int = 5):
+        """Run the plan `repeat` times, timing every step on its backend (a backend's runnable
+        times its own steps: CUDA with events); returns a `Profile` of median times."""
+        from .profile import Profile
+        self.run(sync=True)  # binds memory, compiles, warms caches
+        samples: list[list[float]] = []
+        for _ in range(max(1, repeat)):
+            times: list[float] = []
+            for seg in self.segments:
+                times.extend(seg.timed_run())
+            samples.append(times)
+        return Profile(self.plan, [statistics.median(col) for col in zip(*samples)])
 
     def run(self, sync: bool = True) -> None:
         if not self.segments:

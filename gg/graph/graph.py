@@ -83,6 +83,14 @@ class Graph:
         self._executor.run(sync=sync)
         return self
 
+    def profile(self, repeat: int = 5):
+        """Run the graph and time each step (median of `repeat` runs): a table of device time,
+        bytes moved, GB/s or TFLOP/s and share of the total. `print(graph.profile())`."""
+        if self._executor is None:
+            from .executor import Executor
+            self._executor = Executor(self.plan)
+        return self._executor.profile(repeat)
+
     # ---- export --------------------------------------------------------------------------
     def to_networkx(self):
         """A networkx.DiGraph with an edge src -> node for every dependency."""

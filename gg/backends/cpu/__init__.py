@@ -1,6 +1,7 @@
 """The CPU backend: numpy kernels over host memory, reading arbitrary ne/nb strides."""
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -33,12 +34,24 @@ class _Program:
 
     def run(self) -> None:
         for step in self.steps:
-            values: dict[Tensor, np.ndarray] = {}
-            for node in step.nodes:
-                args = [values[s] if s in values else load(s) for s in step.srcs(node)]
-                values[node] = KERNELS[node.op](node, *args)
-            out = step.out
-            host_view(out)[...] = dtypes.encode(values[out], out.dtype)
+            self._run_step(step)
+
+    def timed_run(self) -> list[float]:
+        times = []
+        for step in self.steps:
+            t0 = time.perf_counter()
+            self._run_step(step)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    @staticmethod
+    def _run_step(step) -> None:
+        values: dict[Tensor, np.ndarray] = {}
+        for node in step.nodes:
+            args = [values[s] if s in values else load(s) for s in step.srcs(node)]
+            values[node] = KERNELS[node.op](node, *args)
+        out = step.out
+        host_view(out)[...] = dtypes.encode(values[out], out.dtype)
 
 
 class CPUBackend:
