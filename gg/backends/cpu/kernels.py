@@ -87,10 +87,10 @@ def soft_max(node: Tensor, a: np.ndarray, mask: np.ndarray | None = None) -> np.
             m = m * alibi_slopes(a.shape[1], p.max_bias)[None, :, None, None]
         x = x + m
     mx = np.max(x, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - np.where(np.isfinite(mx), mx, 0.0))
-        s = e.sum(axis=-1, keepdims=True)
-        y = np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)  # an all -inf row gives zeros, not NaN
+    masked = mx == -np.inf  # a fully masked row gives zeros (not NaN); NaN inputs still propagate
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x - np.where(masked, 0.0, mx))
+        y = np.where(masked, 0.0, e / np.where(masked, 1.0, e.sum(axis=-1, keepdims=True)))
     return y.astype(np.float32)
 
 
