@@ -11,6 +11,7 @@ from .graph import Graph, Plan, Step, build_forward
 from .ops import *  # noqa: F401,F403  (the op constructors)
 from .ops import __all__ as _ops_all
 from .tensor import Flag, Tensor
+from . import llama  # noqa: E402  (builds on everything above)
 
 __version__ = "0.1.0"
 

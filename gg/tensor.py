@@ -158,7 +158,7 @@ class Tensor:
                           "(and views of leaves) can be set")
         array = np.asarray(array)
         want = self.ne[::-1]
-        if array.shape not in (want, self.shape):
+        if _strip_ones(array.shape) != _strip_ones(want):  # leading unit dims don't matter
             raise ShapeError(f"set: tensor {self.label()} ne={self.ne} needs numpy shape "
                              f"{self.shape}, got {array.shape}")
         check_castable("set", array.dtype, self.dtype)
@@ -212,6 +212,13 @@ class Tensor:
 
     def __bool__(self) -> bool:
         return True
+
+
+def _strip_ones(shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def check_castable(what: str, src: np.dtype, dst: DType) -> None:

@@ -11,7 +11,7 @@ from ...buffer import HostBuffer
 from ...dtypes import DType
 from ...errors import OutOfMemoryError
 from ...tensor import Tensor
-from .kernels import KERNELS
+from .kernels import KERNELS, WRITES_IN_PLACE
 
 
 def host_view(t: Tensor) -> np.ndarray:
@@ -48,6 +48,10 @@ class _Program:
     def _run_step(step) -> None:
         values: dict[Tensor, np.ndarray] = {}
         for node in step.nodes:
+            if node.op in WRITES_IN_PLACE:
+                srcs = step.srcs(node)
+                KERNELS[node.op](node, host_view(node), *[load(s) for s in srcs[1:]])
+                return
             args = [values[s] if s in values else load(s) for s in step.srcs(node)]
             values[node] = KERNELS[node.op](node, *args)
         out = step.out

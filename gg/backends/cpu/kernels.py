@@ -13,6 +13,8 @@ from ...ops import ROPE_NEOX
 from ...tensor import Tensor
 
 KERNELS: dict[str, Callable[..., np.ndarray]] = {}
+# Ops whose kernel gets the destination's raw (encoded, writable) view and writes only what changes.
+WRITES_IN_PLACE = {"set_rows"}
 
 
 def kernel(*names: str):
@@ -139,14 +141,15 @@ def get_rows(node: Tensor, a: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 @kernel("set_rows")
-def set_rows(node: Tensor, dst: np.ndarray, b: np.ndarray, idx: np.ndarray) -> np.ndarray:
+def set_rows(node: Tensor, dst: np.ndarray, b: np.ndarray, idx: np.ndarray) -> None:
+    """Writes the rows straight into dst's raw storage (see WRITES_IN_PLACE): a KV-cache write must
+    not cost a pass over the whole cache."""
+    from ...dtypes import encode
     _check_rows("set_rows", idx, dst.shape[2])
-    out = dst.copy()
     c = idx[0]  # (c2, c1, n)
     for i3 in range(b.shape[0]):
         for i2 in range(b.shape[1]):
-            out[i3, i2, c[i3 % c.shape[0], i2 % c.shape[1]]] = b[i3, i2]
-    return out
+            dst[i3, i2, c[i3 % c.shape[0], i2 % c.shape[1]]] = encode(b[i3, i2], node.dtype)
 
 
 @kernel("cpy")
