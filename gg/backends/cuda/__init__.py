@@ -1,0 +1,78 @@
+"""The CUDA backend: kernels compiled at run time with NVRTC, launched on one stream.
+
+Planning half (`supports`, `src_dtype`, `kernel_name`, `available`) imports nothing from CUDA, so
+a CUDA plan can be built and printed on any machine. The runtime half (`alloc`, `prepare`,
+`synchronize`) imports cuda.bindings on first use.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ...dtypes import DType
+from ...errors import BackendError
+from ...tensor import Tensor
+from . import support
+
+
+class CUDABackend:
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._available: bool | None = None
+        self.unavailable_reason = ""
+
+    # ---- planning (no device) ----------------------------------------------------------------
+    def available(self) -> bool:
+        """A driver, a GPU and NVRTC are all present. Never raises."""
+        if self._available is None:
+            try:
+                from cuda.bindings import driver as cu
+                (err,) = cu.cuInit(0)
+                if int(err) != 0:
+                    raise RuntimeError(f"cuInit: {err}")
+                err, n = cu.cuDeviceGetCount()
+                if int(err) != 0 or n < 1:
+                    raise RuntimeError("no CUDA device")
+                from . import compiler
+                compiler.nvrtc_version()
+                self._available = True
+            except Exception as e:  # ImportError, driver missing, no GPU, NVRTC missing
+                self._available, self.unavailable_reason = False, str(e) or type(e).__name__
+        return self._available
+
+    def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
+        return support.supports(tuple(ops), nodes)
+
+    def src_dtype(self, node: Tensor, i: int) -> DType | None:
+        return support.src_dtype(node, i)
+
+    def kernel_name(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
+        return support.kernel_name(tuple(ops), nodes)
+
+    def inplace_ok(self, *args, **kwargs) -> bool:
+        """Every elementwise kernel reads an element before writing the same element."""
+        return True
+
+    # ---- running ------------------------------------------------------------------------------
+    def _rt(self):
+        if not self.available():
+            raise BackendError(f"cuda: backend not available on this machine ({self.unavailable_reason})")
+        from . import runtime
+        return runtime.get()
+
+    def alloc(self, nbytes: int):
+        """A DeviceBuffer of nbytes (gg.OutOfMemoryError when the device is full)."""
+        return self._rt().alloc(nbytes)
+
+    def prepare(self, steps: Sequence):
+        from .program import Program
+        return Program(self._rt(), steps)
+
+    def synchronize(self) -> None:
+        if self._available:
+            from . import runtime
+            if runtime._runtime is not None:
+                runtime._runtime.synchronize()
+
+
+BACKEND = CUDABackend()

@@ -1,0 +1,66 @@
+"""Every kernel variant gg can emit, and a way to build them all for an arch without a GPU.
+
+`python -m gg kernels [--arch sm_90]` and CI use `compile_all`: each kernels/*.cu file is one
+NVRTC program; a variant is ok when its file compiled and its symbol is in the CUBIN.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from ...errors import CompileError
+from . import compiler
+
+FLOAT_NAMES = ("f32", "f16", "bf16")
+
+
+@dataclass(frozen=True)
+class Variant:
+    file: str   # kernels/<file>
+    name: str   # the extern "C" symbol
+
+
+def variants() -> list[Variant]:
+    """All kernel symbols, grouped by source file (the order the catalog prints them in)."""
+    v: list[Variant] = []
+    for op, a, b in product(("add", "sub", "mul", "div"), FLOAT_NAMES, FLOAT_NAMES):
+        v.append(Variant("binary.cu", f"{op}_{a}_{b}"))
+    for op, t in product(("scale", "silu", "gelu", "diag_mask_inf"), FLOAT_NAMES):
+        v.append(Variant("unary.cu", f"{op}_{t}"))
+    for op, t in product(("rms_norm", "norm"), FLOAT_NAMES):
+        v.append(Variant("norm.cu", f"{op}_{t}"))
+    v.append(Variant("softmax.cu", "soft_max_f32"))
+    for t in ("f32", "f16"):
+        v.append(Variant("rope.cu", f"rope_{t}"))
+    for t in FLOAT_NAMES + ("i32",):
+        v.append(Variant("rows.cu", f"get_rows_{t}"))
+    for s, d in product(FLOAT_NAMES, FLOAT_NAMES):
+        v.append(Variant("rows.cu", f"set_rows_{s}_{d}"))
+    for s, d in product(FLOAT_NAMES, FLOAT_NAMES):
+        v.append(Variant("cpy.cu", f"cpy_{s}_{d}"))
+    v.append(Variant("cpy.cu", "cpy_i32_i32"))
+    for kind, a, b in product(("vec", "tiled"), FLOAT_NAMES, FLOAT_NAMES):
+        v.append(Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}"))
+    return v
+
+
+def files() -> list[str]:
+    return list(dict.fromkeys(v.file for v in variants()))
+
+
+def compile_all(arch: str = "sm_90") -> list[tuple[str, str, bytes, bool, str]]:
+    """(name, arch, cubin_bytes, ok, error) for every variant; compiles each file once."""
+    rows: list[tuple[str, str, bytes, bool, str]] = []
+    by_file: dict[str, tuple[bytes, str]] = {}
+    for f in files():
+        try:
+            by_file[f] = (compiler.compile_file(f, arch), "")
+        except CompileError as e:
+            by_file[f] = (b"", str(e))
+    for v in variants():
+        cubin, error = by_file[v.file]
+        ok = bool(cubin) and (v.name.encode() + b"\0") in cubin
+        if cubin and not ok:
+            error = f"symbol {v.name} not found in the CUBIN of {v.file}"
+        rows.append((v.name, arch, cubin, ok, error))
+    return rows

@@ -1,0 +1,120 @@
+// Shared helpers for gg's CUDA kernels: tensor descriptors, f16/bf16 conversion, reductions.
+// No CUDA headers are included on purpose: NVRTC then needs nothing but this file, on any box.
+#pragma once
+
+typedef long long i64;
+typedef unsigned short u16;
+
+// A tensor's logical shape and byte strides, exactly as gg's Tensor.ne / Tensor.nb (ne[0] fastest).
+struct TDesc {
+    i64 ne[4];
+    i64 nb[4];
+};
+
+// Storage tags: kernels are templated on these so one source serves every dtype.
+struct f16 { u16 x; };
+struct bf16 { u16 x; };
+
+// Runtime dtype codes (same numbering as gg/backends/cuda/support.py DT_CODES) for secondary
+// operands (weights of a fused norm, masks) where a template per combination would be wasteful.
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3 };
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));  // round to nearest even, as numpy
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((unsigned)b) << 16); }
+
+__device__ __forceinline__ u16 f2bf(float f) {
+    // Round to nearest even; NaN -> 0x7FC0 (the bits gg.dtypes.encode writes on the CPU).
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+template <class T> __device__ __forceinline__ float ld(const char* p);
+template <> __device__ __forceinline__ float ld<float>(const char* p) { return *(const float*)p; }
+template <> __device__ __forceinline__ float ld<f16>(const char* p) { return h2f(*(const u16*)p); }
+template <> __device__ __forceinline__ float ld<bf16>(const char* p) { return bf2f(*(const u16*)p); }
+
+template <class T> __device__ __forceinline__ void st(char* p, float v);
+template <> __device__ __forceinline__ void st<float>(char* p, float v) { *(float*)p = v; }
+template <> __device__ __forceinline__ void st<f16>(char* p, float v) { *(u16*)p = f2h(v); }
+template <> __device__ __forceinline__ void st<bf16>(char* p, float v) { *(u16*)p = f2bf(v); }
+
+__device__ __forceinline__ float ld_dt(const char* p, int dt) {
+    switch (dt) {
+        case DT_F16: return h2f(*(const u16*)p);
+        case DT_BF16: return bf2f(*(const u16*)p);
+        default: return *(const float*)p;
+    }
+}
+
+// Byte offset of element (i0, i1, i2, i3) in d, with every index taken modulo d.ne (ggml's
+// "src1 repeats over src0" broadcast).
+__device__ __forceinline__ i64 bcast_offs(const TDesc& d, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return (i0 % d.ne[0]) * d.nb[0] + (i1 % d.ne[1]) * d.nb[1] + (i2 % d.ne[2]) * d.nb[2] +
+           (i3 % d.ne[3]) * d.nb[3];
+}
+
+// Row r (over dims 1..3 of d) -> (i1, i2, i3).
+__device__ __forceinline__ void row_index(i64 r, const TDesc& d, i64& i1, i64& i2, i64& i3) {
+    i1 = r % d.ne[1];
+    i64 t = r / d.ne[1];
+    i2 = t % d.ne[2];
+    i3 = t / d.ne[2];
+}
+
+__device__ __forceinline__ i64 row_offs(const TDesc& d, i64 i1, i64 i2, i64 i3) {
+    return i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum/max; blockDim.x must be a multiple of 32 (the launchers guarantee it) and every
+// thread of the block must call it. `sh` holds 32 floats. The leading barrier lets callers reuse
+// `sh` for successive reductions without a race between the last reads and the next writes.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -__int_as_float(0x7f800000);
+    return warp_max(v);
+}
+
+// Report a bad input (e.g. a row index out of range) to the host: the backend reads this word
+// on synchronize() and raises a BackendError naming the step that set it.
+__device__ __forceinline__ void report_error(int* err, int code) {
+    if (err) atomicCAS(err, 0, code);
+}

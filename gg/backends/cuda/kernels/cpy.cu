@@ -1,0 +1,46 @@
+// cpy / cont / cast: copy src into dst with dtype conversion; elements are matched in each
+// tensor's logical (ne[0]-fastest) order, so ne and nb may differ on both sides. Block (tx, ty):
+// one dst row per y-slice. When the shapes are equal the source row is addressed directly;
+// otherwise every element's flat index is re-decomposed by src.ne.
+#include "common.cuh"
+
+template <class TS, class TD, bool RAW>
+__device__ __forceinline__ void cpy_impl(char* dst, const TDesc& d, const char* s, const TDesc& sd, int same) {
+    const i64 rows = d.ne[1] * d.ne[2] * d.ne[3];
+    const i64 r = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    i64 i1, i2, i3;
+    row_index(r, d, i1, i2, i3);
+    char* drow = dst + row_offs(d, i1, i2, i3);
+    const char* srow = s + row_offs(sd, i1, i2, i3);
+    for (i64 i0 = threadIdx.x; i0 < d.ne[0]; i0 += blockDim.x) {
+        const char* sp;
+        if (same) {
+            sp = srow + i0 * sd.nb[0];
+        } else {
+            i64 flat = i0 + d.ne[0] * r;  // r is already i1 + ne1 * (i2 + ne2 * i3)
+            const i64 j0 = flat % sd.ne[0]; flat /= sd.ne[0];
+            const i64 j1 = flat % sd.ne[1]; flat /= sd.ne[1];
+            const i64 j2 = flat % sd.ne[2];
+            const i64 j3 = flat / sd.ne[2];
+            sp = s + j0 * sd.nb[0] + row_offs(sd, j1, j2, j3);
+        }
+        char* dp = drow + i0 * d.nb[0];
+        if (RAW) {
+            *(int*)dp = *(const int*)sp;  // I32 -> I32: bit copy
+        } else {
+            st<TD>(dp, ld<TS>(sp));
+        }
+    }
+}
+
+#define GG_CPY(TS, SS, TD, SD, RAW)                                                                  \
+    extern "C" __global__ void cpy_##SS##_##SD(char* dst, TDesc d, const char* s, TDesc sd, int same) { \
+        cpy_impl<TS, TD, RAW>(dst, d, s, sd, same);                                                  \
+    }
+
+#define GG_CPY_D(TS, SS) GG_CPY(TS, SS, float, f32, false) GG_CPY(TS, SS, f16, f16, false) GG_CPY(TS, SS, bf16, bf16, false)
+GG_CPY_D(float, f32)
+GG_CPY_D(f16, f16)
+GG_CPY_D(bf16, bf16)
+GG_CPY(float, i32, float, i32, true)

@@ -1,0 +1,118 @@
+// mul_mat: dst[n, m] = sum_k a[m, k] * b[n, k] per batch (i2, i3), a broadcast over b's dims 2, 3
+// by division (GQA: head i2 of b reads head i2 / (b.ne2 / a.ne2) of a). dst is F32 and contiguous.
+// Both kernels read arbitrary byte strides, so permuted views of an F16 KV cache work directly.
+#include "common.cuh"
+
+// ---- mat-vec (decode): b.ne1 <= 8. One warp per row m of a; the warp reads the row once and
+// accumulates all (up to 8) dot products, so the weights stream through exactly once.
+#define MMV_NMAX 8
+
+template <class TA, class TB>
+__device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
+                                         const char* b, const TDesc& bd) {
+    const int lane = threadIdx.x;
+    const i64 m = (i64)blockIdx.x * blockDim.y + threadIdx.y;
+    const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
+    if (m >= d.ne[0]) return;  // whole warp leaves together: m is uniform per warp
+    const i64 r2 = bd.ne[2] / ad.ne[2], r3 = bd.ne[3] / ad.ne[3];
+    const char* arow = a + m * ad.nb[1] + (i2 / r2) * ad.nb[2] + (i3 / r3) * ad.nb[3];
+    const char* bb = b + i2 * bd.nb[2] + i3 * bd.nb[3];
+    const int N = (int)d.ne[1];
+    const i64 K = ad.ne[0];
+    float acc[MMV_NMAX];
+#pragma unroll
+    for (int n = 0; n < MMV_NMAX; ++n) acc[n] = 0.0f;
+#pragma unroll 4
+    for (i64 k = lane; k < K; k += 32) {
+        const float av = ld<TA>(arow + k * ad.nb[0]);
+#pragma unroll
+        for (int n = 0; n < MMV_NMAX; ++n) {
+            if (n < N) acc[n] += av * ld<TB>(bb + n * bd.nb[1] + k * bd.nb[0]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < MMV_NMAX; ++n) {
+        if (n < N) {
+            const float v = warp_sum(acc[n]);
+            if (lane == 0) *(float*)(dst + m * d.nb[0] + n * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
+        }
+    }
+}
+
+// ---- tiled GEMM for everything else without cuBLAS (attention products on strided cache
+// views, GQA, or no nvmath): 64x64 output tile per block of 256 threads, 4x4 per thread, K in
+// steps of 16 through shared memory, fp32 accumulation.
+#define MM_BM 64
+#define MM_BN 64
+#define MM_BK 16
+
+template <class TA, class TB>
+__device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
+                                        const char* b, const TDesc& bd) {
+    __shared__ float As[MM_BK][MM_BM + 4];
+    __shared__ float Bs[MM_BK][MM_BN + 4];
+    const int tid = threadIdx.x;
+    const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
+    const i64 i2 = blockIdx.z % d.ne[2], i3 = blockIdx.z / d.ne[2];
+    const i64 r2 = bd.ne[2] / ad.ne[2], r3 = bd.ne[3] / ad.ne[3];
+    const char* ab = a + (i2 / r2) * ad.nb[2] + (i3 / r3) * ad.nb[3];
+    const char* bbase = b + i2 * bd.nb[2] + i3 * bd.nb[3];
+    const i64 M = d.ne[0], N = d.ne[1], K = ad.ne[0];
+    const int tx = tid % 16, ty = tid / 16;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (i64 k0 = 0; k0 < K; k0 += MM_BK) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // 64 x 16 elements of each operand, 4 per thread
+            const int e = tid + 256 * j;
+            const int kk = e % MM_BK, rr = e / MM_BK;
+            const i64 k = k0 + kk;
+            const i64 m = m0 + rr, n = n0 + rr;
+            As[kk][rr] = (m < M && k < K) ? ld<TA>(ab + m * ad.nb[1] + k * ad.nb[0]) : 0.0f;
+            Bs[kk][rr] = (n < N && k < K) ? ld<TB>(bbase + n * bd.nb[1] + k * bd.nb[0]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < MM_BK; ++kk) {
+            float av[4], bv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) av[i] = As[kk][tx + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][ty + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const i64 m = m0 + tx + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const i64 n = n0 + ty + 16 * j;
+            if (m < M && n < N)
+                *(float*)(dst + m * d.nb[0] + n * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) = acc[i][j];
+        }
+    }
+}
+
+#define GG_MM(TA, SA, TB, SB)                                                                             \
+    extern "C" __global__ void mul_mat_vec_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,       \
+                                                       const char* b, TDesc bd) {                         \
+        mmv_impl<TA, TB>(dst, d, a, ad, b, bd);                                                           \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                                     \
+        mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \
+        mm_impl<TA, TB>(dst, d, a, ad, b, bd);                                                            \
+    }
+
+#define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16)
+GG_MM_B(float, f32)
+GG_MM_B(f16, f16)
+GG_MM_B(bf16, bf16)

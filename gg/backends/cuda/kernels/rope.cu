@@ -1,0 +1,42 @@
+// Rotary position embedding, ggml's NORMAL (pairs 2i, 2i+1) and NEOX (pairs i, i + n_dims/2) modes.
+// One block per row (i1 = head, i2 = token, i3); dims >= n_dims pass through. The angle is built
+// in double: positions reach thousands of radians, where a float angle loses ~1e-4 of accuracy.
+#include "common.cuh"
+
+template <class T>
+__device__ __forceinline__ void rope_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd,
+                                          const char* pos, i64 pos_nb0, int n_dims, int mode,
+                                          double freq_base, double freq_scale) {
+    i64 i1, i2, i3;
+    row_index(blockIdx.x, d, i1, i2, i3);
+    const char* xrow = x + row_offs(xd, i1, i2, i3);
+    char* drow = dst + row_offs(d, i1, i2, i3);
+    const int half = n_dims / 2;
+    const double p = (double)*(const int*)(pos + i2 * pos_nb0);
+    const i64 work = half + (d.ne[0] - n_dims);
+    for (i64 t = threadIdx.x; t < work; t += blockDim.x) {
+        if (t < half) {
+            const i64 j0 = mode == 2 ? t : 2 * t;
+            const i64 j1 = mode == 2 ? t + half : 2 * t + 1;
+            const double theta = p * freq_scale * pow(freq_base, -2.0 * (double)t / (double)n_dims);
+            double sn, cs;
+            sincos(theta, &sn, &cs);
+            const float x0 = ld<T>(xrow + j0 * xd.nb[0]), x1 = ld<T>(xrow + j1 * xd.nb[0]);
+            st<T>(drow + j0 * d.nb[0], (float)(x0 * cs - x1 * sn));
+            st<T>(drow + j1 * d.nb[0], (float)(x0 * sn + x1 * cs));
+        } else {
+            const i64 j = n_dims + (t - half);
+            st<T>(drow + j * d.nb[0], ld<T>(xrow + j * xd.nb[0]));
+        }
+    }
+}
+
+#define GG_ROPE(T, S)                                                                                  \
+    extern "C" __global__ void rope_##S(char* dst, TDesc d, const char* x, TDesc xd, const char* pos,  \
+                                        i64 pos_nb0, int n_dims, int mode, double freq_base,           \
+                                        double freq_scale) {                                           \
+        rope_impl<T>(dst, d, x, xd, pos, pos_nb0, n_dims, mode, freq_base, freq_scale);                 \
+    }
+
+GG_ROPE(float, f32)
+GG_ROPE(f16, f16)

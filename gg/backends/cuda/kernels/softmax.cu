@@ -1,0 +1,59 @@
+// Softmax over dim 0 in one kernel that also covers the fused groups:
+//   t = cx * x;  t += slope * mask (optional);  t = -inf where col > n_past + row (n_past >= 0);
+//   y = softmax(post * t)
+// soft_max_ext: cx = scale, post = 1, slope = ALiBi slope of head i2 (1 without max_bias);
+// scale -> add -> soft_max: cx = s, slope = 1, post = soft_max's scale; scale -> diag_mask_inf ->
+// soft_max: cx = s, n_past, post = soft_max's scale. A fully masked row gives zeros (as the CPU).
+// One block per row; the row's t values are cached in dynamic shared memory when they fit.
+#include "common.cuh"
+
+extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc xd, const char* m, TDesc md,
+                                        int mdt, float cx, float post, int n_past, float max_bias, float m0,
+                                        float m1, int n_head_log2, int cache) {
+    extern __shared__ float row[];
+    __shared__ float sh[32];
+    i64 i1, i2, i3;
+    row_index(blockIdx.x, d, i1, i2, i3);
+    const char* xrow = x + row_offs(xd, i1, i2, i3);
+    char* drow = dst + row_offs(d, i1, i2, i3);
+    const i64 n = d.ne[0];
+    const float NEG_INF = -__int_as_float(0x7f800000);
+
+    float slope = 1.0f;
+    if (max_bias > 0.0f) {
+        const int h = (int)i2;
+        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    }
+    const char* mrow = m ? m + row_offs(md, i1 % md.ne[1], i2 % md.ne[2], i3 % md.ne[3]) : nullptr;
+
+    // value() recomputes t when the row does not fit in shared memory.
+    auto value = [&](i64 i0) -> float {
+        float t = cx * ld<float>(xrow + i0 * xd.nb[0]);
+        if (mrow) t += slope * ld_dt(mrow + (i0 % md.ne[0]) * md.nb[0], mdt);
+        if (n_past >= 0 && i0 > (i64)n_past + i1) t = NEG_INF;
+        return post * t;
+    };
+
+    float mx = NEG_INF;
+    for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
+        const float v = value(i0);
+        if (cache) row[i0] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = block_max(mx, sh);
+    if (mx == NEG_INF) {  // fully masked row
+        for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) *(float*)(drow + i0 * d.nb[0]) = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
+        const float e = expf((cache ? row[i0] : value(i0)) - mx);
+        if (cache) row[i0] = e;
+        sum += e;
+    }
+    const float inv = 1.0f / block_sum(sum, sh);
+    for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
+        const float e = cache ? row[i0] : expf(value(i0) - mx);
+        *(float*)(drow + i0 * d.nb[0]) = e * inv;
+    }
+}

@@ -1,0 +1,157 @@
+"""Lowering: one plan step -> the launch records that compute it (done once, at prepare time).
+
+Sources are read through `step.srcs(node)` (planner substitutions: transfers, casts); the
+address of a tensor is its root buffer's pointer + root offset + view offset. Intermediates of
+a fused step have no memory: the fused kernels take the chain's outside operands directly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ...dtypes import I32
+from ...errors import BackendError
+from ...tensor import Tensor
+from . import support
+from .launch import Args, Launch, addr, block_per_row, rows_config
+
+SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
+
+
+def _rows(t: Tensor) -> int:
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _code(t: Tensor) -> int:
+    return support.DT_CODES[t.dtype]
+
+
+def lower(rt, step, index: int) -> list[Callable[[], None]]:
+    ops = tuple(step.ops)
+    what = f"step {index} ({'+'.join(ops)}, {step.kernel or support.kernel_name(ops, step.nodes)})"
+    out = step.out
+    if out.nelements == 0:
+        return []
+    if ops[0] == "rms_norm" or ops == ("norm",):
+        return [_norm(rt, step, what)]
+    if ops[-1] == "soft_max":
+        return [_soft_max(rt, step, what)]
+    if len(ops) != 1:
+        raise BackendError(f"cuda: no lowering for fused group {ops} ({what})")
+    op = ops[0]
+    srcs = step.srcs(out)
+    if op in ("add", "sub", "mul", "div"):
+        a, b = srcs
+        grid, block = rows_config(out.ne[0], _rows(out))
+        args = Args().tensor(out).tensor(a).tensor(b)
+        return [Launch(rt, "binary.cu", f"{op}_{a.dtype.name}_{b.dtype.name}", grid, block, args, what=what)]
+    if op in ("scale", "silu", "gelu", "diag_mask_inf"):
+        (a,) = srcs
+        grid, block = rows_config(out.ne[0], _rows(out))
+        s = out.params.s if op == "scale" else 0.0
+        n_past = out.params.n_past if op == "diag_mask_inf" else 0
+        args = Args().tensor(out).tensor(a).f32(s).i32(n_past)
+        return [Launch(rt, "unary.cu", f"{op}_{out.dtype.name}", grid, block, args, what=what)]
+    if op == "rope":
+        x, pos = srcs
+        p = out.params
+        work = p.n_dims // 2 + (out.ne[0] - p.n_dims)
+        grid, block = block_per_row(work, _rows(out), 256)
+        args = (Args().tensor(out).tensor(x).ptr(addr(pos)).i64(pos.nb[0]).i32(p.n_dims).i32(p.mode)
+                .f64(p.freq_base).f64(p.freq_scale))
+        return [Launch(rt, "rope.cu", f"rope_{out.dtype.name}", grid, block, args, what=what)]
+    if op == "get_rows":
+        a, idx = srcs
+        grid, block = rows_config(out.ne[0], _rows(out))
+        args = Args().tensor(out).tensor(a).tensor(idx).ptr(rt.err_word.ptr).i32(_err_code(rt, what))
+        return [Launch(rt, "rows.cu", f"get_rows_{a.dtype.name}", grid, block, args, what=what)]
+    if op == "set_rows":
+        _, b, idx = srcs
+        grid, block = rows_config(b.ne[0], _rows(b))
+        args = Args().tensor(out).tensor(b).tensor(idx).ptr(rt.err_word.ptr).i32(_err_code(rt, what))
+        name = f"set_rows_{b.dtype.name}_{out.dtype.name}"
+        return [Launch(rt, "rows.cu", name, grid, block, args, what=what)]
+    if op in support.COPIES:
+        a = srcs[0]
+        grid, block = rows_config(out.ne[0], _rows(out))
+        args = Args().tensor(out).tensor(a).i32(int(a.ne == out.ne))
+        name = "cpy_i32_i32" if a.dtype is I32 else f"cpy_{a.dtype.name}_{out.dtype.name}"
+        return [Launch(rt, "cpy.cu", name, grid, block, args, what=what)]
+    if op == "mul_mat":
+        return [_mul_mat(rt, step, what)]
+    raise BackendError(f"cuda: no lowering for op {op!r} ({what})")
+
+
+def _err_code(rt, what: str) -> int:
+    code = len(rt.err_names) + 1
+    rt.err_names[code] = what
+    return code
+
+
+def _norm(rt, step, what: str) -> Launch:
+    nodes = step.nodes
+    first, out = nodes[0], step.out
+    x = step.srcs(first)[0]
+    args = Args().tensor(out).tensor(x).f32(first.params.eps)
+    for extra in (1, 2):  # the mul's weight, then the add's bias, when fused
+        if len(nodes) > extra:
+            t = step.srcs(nodes[extra])[1]
+            args.tensor(t).i32(_code(t))
+        else:
+            args.none().i32(0)
+    grid, block = block_per_row(out.ne[0], _rows(out))
+    return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args, what=what)
+
+
+def _soft_max(rt, step, what: str) -> Launch:
+    nodes, out = step.nodes, step.out
+    p = out.params
+    n_past = -1
+    max_bias = 0.0
+    if len(nodes) == 1:
+        srcs = step.srcs(out)
+        x, mask = srcs[0], (srcs[1] if len(srcs) > 1 else None)
+        cx, post, max_bias = p.scale, 1.0, p.max_bias
+    else:
+        scale_node, mid = nodes[0], nodes[1]
+        x = step.srcs(scale_node)[0]
+        cx, post = scale_node.params.s, p.scale
+        mask = step.srcs(mid)[1] if mid.op == "add" else None
+        if mid.op == "diag_mask_inf":
+            n_past = mid.params.n_past
+    n_head = out.ne[2]
+    n_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-max_bias / 2.0 / n_log2)
+    args = Args().tensor(out).tensor(x)
+    if mask is not None:
+        args.tensor(mask).i32(_code(mask))
+    else:
+        args.none().i32(0)
+    cache = out.ne[0] * 4 <= SOFTMAX_CACHE_BYTES
+    args.f32(cx).f32(post).i32(n_past).f32(max_bias).f32(m0).f32(m1).i32(n_log2).i32(int(cache))
+    grid, block = block_per_row(out.ne[0], _rows(out))
+    return Launch(rt, "softmax.cu", "soft_max_f32", grid, block, args, smem=out.ne[0] * 4 if cache else 0,
+                  what=what)
+
+
+def _mul_mat(rt, step, what: str):
+    out = step.out
+    a, b = step.srcs(out)
+    path = support.mul_mat_path(out, b)
+    if path == "cublas":
+        from .cublas import Gemm
+        return Gemm(rt, what, out, a, b, addr)
+    args = Args().tensor(out).tensor(a).tensor(b)
+    batches = out.ne[2] * out.ne[3]
+    if path == "vec":
+        rows_per_block = 4
+        grid = ((out.ne[0] + rows_per_block - 1) // rows_per_block, batches, 1)
+        block = (32, rows_per_block, 1)
+    else:
+        grid = ((out.ne[0] + 63) // 64, (out.ne[1] + 63) // 64, batches)
+        block = (256, 1, 1)
+    name = f"mul_mat_{path}_{a.dtype.name}_{b.dtype.name}"
+    return Launch(rt, "mul_mat.cu", name, grid, block, args, what=what)
+
+

@@ -1,0 +1,93 @@
+"""A prepared run of consecutive CUDA steps: launch records, optionally replayed as a CUDA graph.
+
+The first `run()` captures every launch of the segment into a CUDA graph (addresses are fixed
+once memory is bound, so the graph stays valid for the plan's life) and later runs replay it
+with one driver call. `GG_NO_CUDA_GRAPH=1` turns capture off; a capture the driver refuses
+falls back to plain launches, once and for good.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+from ...errors import BackendError
+from .lower import lower
+from .runtime import check, cu
+
+
+class Program:
+    def __init__(self, rt, steps: Sequence):
+        self.rt = rt
+        self.steps = list(steps)
+        rt.make_current()
+        self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
+        self.records = [r for rs in self.per_step for r in rs]
+        self.use_graph = os.environ.get("GG_NO_CUDA_GRAPH", "") != "1" and len(self.records) > 1
+        self.graph_exec = None
+        self.graph_error: str | None = None
+
+    def _launch_all(self) -> None:
+        for r in self.records:
+            r()
+
+    def run(self) -> None:
+        if self.graph_exec is not None:
+            check(cu.cuGraphLaunch(self.graph_exec, self.rt.stream), "replaying the CUDA graph")
+            return
+        if self.use_graph:
+            self._capture()
+            if self.graph_exec is not None:
+                check(cu.cuGraphLaunch(self.graph_exec, self.rt.stream), "launching the CUDA graph")
+                return
+        self._launch_all()
+
+    def _capture(self) -> None:
+        stream = self.rt.stream
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(cu.cuStreamBeginCapture(stream, mode), "starting CUDA graph capture")
+        try:
+            self._launch_all()
+        except BackendError as e:
+            err, graph = cu.cuStreamEndCapture(stream)
+            if int(err) == 0 and graph is not None:
+                cu.cuGraphDestroy(graph)
+            self.use_graph, self.graph_error = False, str(e)
+            return  # run() falls back to plain launches, which report a real error if there is one
+        err, graph = cu.cuStreamEndCapture(stream)
+        if int(err) != 0:
+            self.use_graph, self.graph_error = False, f"cuStreamEndCapture: {err}"
+            return
+        err, exe = cu.cuGraphInstantiate(graph, 0)
+        cu.cuGraphDestroy(graph)
+        if int(err) != 0:
+            self.use_graph, self.graph_error = False, f"cuGraphInstantiate: {err}"
+            return
+        self.graph_exec = exe
+
+    def timed_run(self) -> list[float]:
+        """Each step's device time in seconds, measured with events around its launches."""
+        rt = self.rt
+        flags = cu.CUevent_flags.CU_EVENT_DEFAULT
+        events = [check(cu.cuEventCreate(flags), "cuEventCreate")[0] for _ in range(len(self.steps) + 1)]
+        try:
+            check(cu.cuEventRecord(events[0], rt.stream), "cuEventRecord")
+            for i, recs in enumerate(self.per_step):
+                for r in recs:
+                    r()
+                check(cu.cuEventRecord(events[i + 1], rt.stream), "cuEventRecord")
+            rt.synchronize("a timed run")
+            times = []
+            for i in range(len(self.steps)):
+                (ms,) = check(cu.cuEventElapsedTime(events[i], events[i + 1]), "cuEventElapsedTime")
+                times.append(ms / 1e3)
+            return times
+        finally:
+            for e in events:
+                cu.cuEventDestroy(e)
+
+    def __del__(self) -> None:
+        if self.graph_exec is not None and cu is not None:
+            try:
+                cu.cuGraphExecDestroy(self.graph_exec)
+            except Exception:
+                pass

@@ -1,0 +1,163 @@
+"""The CUDA runtime half: driver context, the backend stream, device memory, modules, launches.
+
+Everything goes through `cuda.bindings.driver` (imported here only, lazily by the backend), so
+importing gg and planning never needs a GPU. Every driver error becomes a `gg.BackendError` that
+says what was being done; an allocation that fails for lack of memory is `gg.OutOfMemoryError`
+with the bytes asked for, and the process stays usable.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError, OutOfMemoryError
+from . import compiler
+
+try:  # the runtime half is only imported by code that already checked `available()`
+    from cuda.bindings import driver as cu
+except ImportError:  # pragma: no cover - exercised on machines without cuda-python
+    cu = None
+
+
+def check(result: Any, what: str) -> tuple:
+    """Unpack a cuda.bindings call's (err, *values); raise BackendError naming `what` on failure."""
+    if isinstance(result, tuple):
+        err, rest = result[0], result[1:]
+    else:
+        err, rest = result, ()
+    if int(err) != 0:
+        name = cu.cuGetErrorName(err)[1] if cu is not None else b"?"
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        raise BackendError(f"cuda: {what} failed: {name} ({int(err)})")
+    return rest
+
+
+class Runtime:
+    """Device 0's primary context and one non-blocking stream that every gg kernel runs on."""
+
+    def __init__(self) -> None:
+        if cu is None:
+            raise BackendError("cuda: cuda-python (cuda-bindings) is not installed")
+        check(cu.cuInit(0), "cuInit")
+        (count,) = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        if count < 1:
+            raise BackendError("cuda: no CUDA device on this machine")
+        (self.device,) = check(cu.cuDeviceGet(0), "cuDeviceGet")
+        (self.context,) = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        A = cu.CUdevice_attribute
+        (major,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "attr")
+        (minor,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "attr")
+        (self.max_smem_optin,) = check(cu.cuDeviceGetAttribute(
+            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "attr")
+        (name,) = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = name.split(b"\0")[0].decode(errors="replace")
+        self.cc = (int(major), int(minor))
+        self.arch = compiler.pick_arch(*self.cc)
+        (self.stream,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.stream_handle = int(self.stream)
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[str, Any] = {}
+        # One int the kernels set when an input is bad (row index out of range); see synchronize().
+        self.err_word = self.alloc(4)
+        self.err_word.write(0, np.zeros(1, np.int32))
+        self.err_names: dict[int, str] = {}
+
+    def make_current(self) -> None:
+        check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    # ---- memory ----------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> "DeviceBuffer":
+        return DeviceBuffer(self, nbytes)
+
+    def synchronize(self, what: str = "running the plan") -> None:
+        check(cu.cuStreamSynchronize(self.stream), f"cuStreamSynchronize ({what})")
+        flag = np.zeros(1, np.int32)
+        check(cu.cuMemcpyDtoH(flag.ctypes.data, self.err_word.ptr, 4), "reading the error word")
+        if flag[0]:
+            self.err_word.write(0, np.zeros(1, np.int32))
+            raise BackendError(f"cuda: {self.err_names.get(int(flag[0]), 'a kernel')} got a row index out of "
+                               "range (the rows it could not read are zeros, the rows it could not write unchanged)")
+
+    # ---- code ------------------------------------------------------------------------------
+    def function(self, file: str, name: str) -> Any:
+        """The kernel `name` of kernels/<file>, compiled for this device's arch on first use."""
+        fn = self._functions.get(name)
+        if fn is None:
+            mod = self._modules.get(file)
+            if mod is None:
+                cubin = compiler.compile_file(file, self.arch)
+                (mod,) = check(cu.cuModuleLoadData(cubin), f"loading the module of {file} ({self.arch})")
+                self._modules[file] = mod
+            (fn,) = check(cu.cuModuleGetFunction(mod, name.encode()), f"finding kernel {name} in {file}")
+            self._functions[name] = fn
+        return fn
+
+    def set_max_dynamic_smem(self, fn: Any, nbytes: int, name: str) -> None:
+        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    int(nbytes)), f"allowing {nbytes} B of shared memory for {name}")
+
+
+class DeviceBuffer:
+    """Device memory in gg's buffer protocol (backend "cuda"). `ptr` is the device address.
+    read/write are ordered after everything enqueued on the backend stream."""
+
+    backend = "cuda"
+
+    def __init__(self, rt: Runtime, nbytes: int):
+        self.rt = rt
+        self.nbytes = int(nbytes)
+        self.ptr = 0
+        err, ptr = cu.cuMemAlloc(max(self.nbytes, 1))
+        if int(err) == int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
+            raise OutOfMemoryError(f"cuda: out of device memory allocating {self.nbytes} bytes on {rt.name}",
+                                   self.nbytes)
+        check((err,), f"cuMemAlloc({self.nbytes})")
+        self.ptr = int(ptr)
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        self._bounds(offset, nbytes)
+        out = np.empty(nbytes, np.uint8)
+        if nbytes:
+            self.rt.synchronize("reading a tensor")
+            check(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, nbytes), "copying device -> host")
+        return out
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self._bounds(offset, data.size)
+        if data.size:
+            # The stream may still run kernels that read these bytes: wait, then copy.
+            check(cu.cuStreamSynchronize(self.rt.stream), "cuStreamSynchronize (before a write)")
+            check(cu.cuMemcpyHtoD(self.ptr + offset, data.ctypes.data, data.size), "copying host -> device")
+
+    def _bounds(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise BackendError(f"cuda: access [{offset}, {offset + nbytes}) outside a {self.nbytes}-byte buffer")
+
+    def __del__(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr and cu is not None:
+            try:
+                cu.cuStreamSynchronize(self.rt.stream)  # kernels in flight may still use it
+                cu.cuMemFree(ptr)
+            except Exception:
+                pass  # interpreter shutdown
+
+    def __repr__(self) -> str:
+        return f"DeviceBuffer({self.nbytes} B at {self.ptr:#x})"
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get() -> Runtime:
+    """The process-wide runtime, created on first use."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime()
+        return _runtime

@@ -1,0 +1,193 @@
+"""What the CUDA kernels can run, decided from dtypes and layouts alone (no device, no driver).
+
+The planner asks `supports` per op and per fused group, `src_dtype` for the dtype a kernel needs
+(it inserts a cast step where that differs), and `kernel_name` for the plan's kernel column.
+`mul_mat_path` is the one place that decides between mat-vec, cuBLAS and the tiled kernel, used
+both here (names, casts) and by the lowering at prepare time, so plan and execution agree.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from typing import Sequence
+
+from ...dtypes import BF16, DType, F16, F32, I32
+from ...tensor import Tensor
+
+FLOATS = (F32, F16, BF16)
+DT_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3}  # kernels/common.cuh DT_*
+
+ELEMENTWISE = ("add", "sub", "mul", "div", "scale", "silu", "gelu", "diag_mask_inf")
+COPIES = ("cpy", "cont", "cast")
+SINGLE = ELEMENTWISE + COPIES + ("rms_norm", "norm", "soft_max", "rope", "mul_mat", "get_rows", "set_rows")
+FUSED = (("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
+         ("scale", "diag_mask_inf", "soft_max"))
+
+MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)
+CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
+GRID_YZ_MAX = 65535
+GRID_X_MAX = 2 ** 31 - 1
+
+
+@lru_cache(maxsize=None)
+def have_cublas() -> bool:
+    """nvmath-python is importable (checked without importing it: planning stays light)."""
+    try:
+        return importlib.util.find_spec("nvmath") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _rows(t: Tensor) -> int:
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _floats(*ts: Tensor) -> bool:
+    return all(t.dtype in FLOATS for t in ts)
+
+
+def _rows_contig(t: Tensor) -> bool:
+    return t.nb[0] == t.dtype.size
+
+
+def _batch_stride(t: Tensor) -> int | None:
+    """Element stride between consecutive (i2, i3) matrices when dims 2 and 3 collapse into one
+    uniform batch dimension, else None."""
+    if t.ne[2] * t.ne[3] == 1:
+        return 0
+    if t.ne[3] == 1 or t.nb[3] == t.nb[2] * t.ne[2]:
+        return t.nb[2] // t.dtype.size if t.nb[2] % t.dtype.size == 0 else None
+    return None
+
+
+def _gemm_ok(t: Tensor) -> bool:
+    """cuBLAS reads t as a column-major K x rows matrix: contiguous rows, row stride in elements."""
+    return _rows_contig(t) and t.nb[1] % t.dtype.size == 0 and t.nb[1] // t.dtype.size >= t.ne[0]
+
+
+def cublas_b_dtype(a: Tensor) -> DType:
+    """The dtype cuBLAS needs b in: the same as a (F16 x F16 -> F32, BF16 x BF16 -> F32, F32 x F32)."""
+    return a.dtype
+
+
+def mul_mat_path(node: Tensor, b: Tensor | None = None) -> str:
+    """"vec", "cublas" or "tiled" for mul_mat `node`. `b` is the source actually read (after a
+    planner cast) when known; during planning a b of the wrong dtype for cuBLAS is judged as the
+    contiguous cast the planner will insert."""
+    a = node.src[0]
+    b = node.src[1] if b is None else b
+    if b.ne[1] <= MMV_MAX_N:
+        return "vec"
+    if not have_cublas():
+        return "tiled"
+    if b.dtype is not cublas_b_dtype(a):
+        b_gemm, b_batch = True, 0 if b.ne[2] * b.ne[3] == 1 else b.ne[0] * b.ne[1]
+    else:
+        b_gemm, b_batch = _gemm_ok(b), _batch_stride(b)
+    a_batch = _batch_stride(a)
+    flops = 2 * node.ne[0] * node.ne[1] * a.ne[0] * node.ne[2] * node.ne[3]
+    if (not _gemm_ok(a) or not b_gemm or a_batch is None or b_batch is None or flops < CUBLAS_MIN_FLOPS
+            or node.ne[2] * node.ne[3] > GRID_YZ_MAX):
+        return "tiled"
+    if a.ne[2] * a.ne[3] != 1 and (a.ne[2], a.ne[3]) != (b.ne[2], b.ne[3]):
+        return "tiled"  # GQA broadcast has no uniform batch stride for a
+    if max(a.ne[0], a.ne[1], b.ne[1], a.nb[1] // a.dtype.size, b.nb[1] // b.dtype.size) >= 2 ** 31:
+        return "tiled"
+    return "cublas"
+
+
+def supports_node(node: Tensor) -> bool:
+    """One node of `node.op`, checked on dtypes and the grid limits of its kernel."""
+    op, src = node.op, node.src
+    if _rows(node) > GRID_X_MAX:
+        return False
+    if op in ("add", "sub", "mul", "div"):
+        return _floats(node, *src) and node.dtype is src[0].dtype
+    if op in ("scale", "silu", "gelu", "diag_mask_inf", "rms_norm", "norm"):
+        return _floats(node, src[0]) and node.dtype is src[0].dtype
+    if op == "soft_max":
+        if node.dtype is not F32 or src[0].dtype is not F32:
+            return False
+        return len(src) == 1 or (src[1].dtype in (F32, F16))
+    if op == "rope":
+        return node.dtype in (F32, F16) and src[0].dtype is node.dtype and src[1].dtype is I32
+    if op == "mul_mat":
+        a, b = src
+        return (_floats(a, b) and node.dtype is F32 and node.ne[2] * node.ne[3] <= GRID_YZ_MAX
+                and (node.ne[0] + 63) // 64 <= GRID_X_MAX and (node.ne[1] + 63) // 64 <= GRID_YZ_MAX)
+    if op == "get_rows":
+        a, idx = src
+        return idx.dtype is I32 and (a.dtype in FLOATS or a.dtype is I32)
+    if op == "set_rows":
+        dst, b, idx = src
+        return _floats(dst, b) and idx.dtype is I32 and node.dtype is dst.dtype and _rows(b) <= GRID_X_MAX
+    if op in COPIES:
+        s = src[0]
+        return (_floats(s, node)) or (s.dtype is I32 and node.dtype is I32)
+    return False
+
+
+def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
+    """Can one CUDA step compute `nodes` (ops in order)?"""
+    ops = tuple(ops)
+    if len(ops) != len(nodes) or any(n.op != o for o, n in zip(ops, nodes)):
+        return False
+    if len(ops) == 1:
+        return ops[0] in SINGLE and supports_node(nodes[0])
+    if ops not in FUSED:
+        return False
+    for prev, nxt in zip(nodes, nodes[1:]):
+        if not nxt.src or nxt.src[0] is not prev:
+            return False
+    if not all(supports_node(n) for n in nodes):
+        return False
+    if ops[0] == "rms_norm":
+        return all(n.dtype is nodes[0].dtype for n in nodes)
+    # scale -> add|diag_mask_inf -> soft_max: soft_max reads F32, so the chain is F32 throughout;
+    # the last soft_max has no mask of its own (its mask is the add's src1).
+    return all(n.dtype is F32 for n in nodes) and len(nodes[-1].src) == 1
+
+
+def src_dtype(node: Tensor, i: int) -> DType | None:
+    """The dtype the kernel for `node` needs for src i, or None when the present one is fine."""
+    if node.op == "mul_mat" and i == 1:
+        a, b = node.src
+        if mul_mat_path(node) == "cublas":
+            want = cublas_b_dtype(a)
+            return want if b.dtype is not want else None
+    return None
+
+
+def _dt(t: Tensor) -> str:
+    return t.dtype.name
+
+
+def kernel_name(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
+    """The kernel shown in the plan, e.g. "rms_norm_mul_f32", "cpy_f32_f16", "cublas_gemm"."""
+    ops = tuple(ops)
+    out = nodes[-1]
+    if len(ops) > 1:
+        return "_".join(ops) + f"_{_dt(out)}"
+    op = ops[0]
+    if op in COPIES:
+        return f"cpy_{_dt(out.src[0])}_{_dt(out)}"
+    if op in ("add", "sub", "mul", "div"):
+        a, b = out.src
+        return f"{op}_{_dt(a)}" if a.dtype is b.dtype else f"{op}_{_dt(a)}_{_dt(b)}"
+    if op == "mul_mat":
+        a, b = out.src
+        path = mul_mat_path(out)
+        if path == "cublas":
+            return "cublas_gemm_batched" if out.ne[2] * out.ne[3] > 1 else "cublas_gemm"
+        bt = src_dtype(out, 1) or b.dtype
+        name = f"mul_mat_{path}_{_dt(a)}_{bt.name}"
+        if path == "tiled" and not have_cublas():
+            name += "_no_cublas"  # nvmath-python missing: large GEMMs run on gg's own kernel
+        return name
+    if op == "get_rows":
+        return f"get_rows_{_dt(out.src[0])}"
+    if op == "set_rows":
+        return f"set_rows_{_dt(out.src[1])}_{_dt(out)}"
+    if op == "rope":
+        return f"rope_{'neox' if out.params.mode == 2 else 'norm'}_{_dt(out)}"
+    return f"{op}_{_dt(out)}"

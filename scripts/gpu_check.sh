@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The CUDA backend's GPU check: the cuda-marked tests, then the same under compute-sanitizer
+# (memcheck on everything, racecheck on the kernels with shared-memory reductions).
+# Logs go to $OUT (or ./gpu_check_logs). Exit status: non-zero if any part failed.
+set -u
+OUT=${OUT:-gpu_check_logs}
+mkdir -p "$OUT"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
+export PYTHONUNBUFFERED=1
+status=0
+
+python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/pytest_cuda.log" || true
+grep -qE "^[0-9]+ passed" "$OUT/pytest_cuda.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest_cuda.log" || status=1
+
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# memcheck runs the real path (CUDA graphs on); racecheck launches kernels one by one.
+timeout ${SAN_TIMEOUT:-600} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py -k "not out_of_memory" \
+    > "$OUT/memcheck_pytest.log" 2>&1
+rc=$?; echo "memcheck exit $rc" | tee -a "$OUT/memcheck_pytest.log"; [ $rc -eq 0 ] || status=1
+
+GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-exitcode 99 --log-file "$OUT/racecheck.log" \
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py \
+    -k "norm or soft_max or softmax or (mul_mat and not cublas) or attention" \
+    > "$OUT/racecheck_pytest.log" 2>&1
+rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq 0 ] || status=1
+
+tail -n 3 "$OUT"/*.log
+exit $status

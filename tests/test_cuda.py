@@ -1,0 +1,487 @@
+"""The CUDA backend against the CPU backend (the executable semantics) and float64 numpy.
+
+Each case builds the same graph twice from the same numpy data, once planned with
+backends=("cuda", "cpu") and once with ("cpu",), and compares with DESIGN §7's NMSE limits.
+Every CUDA case also checks that its ops really ran on CUDA (a silent CPU fallback would make
+the comparison pointless). Tests without the `cuda` mark need no GPU (NVRTC compiles anywhere).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import gg
+from gg.backends import base
+from reference_helpers import nmse
+
+ELEM, SOFTMAX, MATMUL = 1e-7, 1e-6, 5e-4
+cuda = pytest.mark.cuda
+
+
+def run_both(build, fuse=True):
+    """build(ctx) -> tensor or tuple of tensors; returns (cuda results, cpu results, cuda plan).
+    build is called once per backend list with a fresh context, so leaves get their own homes."""
+    results, plans = {}, {}
+    for backends in (("cuda", "cpu"), ("cpu",)):
+        ctx = gg.Context()
+        outs = build(ctx)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        g = gg.build_forward(*outs, backends=backends, fuse=fuse)
+        g.compute()
+        results[backends] = [o.numpy() for o in outs]
+        plans[backends] = g.plan
+    plan = plans[("cuda", "cpu")]
+    off = [s for s in plan.steps if s.backend != "cuda"]
+    assert not off, f"steps fell back to the CPU:\n{plan}"
+    return results[("cuda", "cpu")], results[("cpu",)], plan
+
+
+def check(cu, cpu, limit, ref=None):
+    for a, b in zip(cu, cpu):
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+        err = nmse(a, b)
+        assert err <= limit, f"CUDA vs CPU NMSE {err:.3e} > {limit}"
+    if ref is not None:
+        err = nmse(cu[0], np.asarray(ref).reshape(cu[0].shape))  # leading unit dims are dropped
+        assert err <= max(limit, 1e-6 if cu[0].dtype != np.float32 else limit), f"CUDA vs float64 NMSE {err:.3e}"
+
+
+def rand(rng, *shape, dtype=np.float32):
+    return (rng.standard_normal(shape) + 0.1).astype(dtype)
+
+
+def permuted(t):
+    """A non-contiguous view with the same logical shape as cont(t) would have after permute."""
+    return gg.permute(t, 1, 0, 2, 3)
+
+
+# ---- elementwise ------------------------------------------------------------------------------
+BIN_CASES = [  # numpy shapes of a and b (b repeats over a)
+    ((5,), (5,)), ((3, 1025), (1, 1025)), ((2, 3, 4, 511), (2, 1, 4, 1)), ((7, 1), (1, 1)),
+    ((4, 6, 33), (2, 3, 33)),
+]
+
+
+@cuda
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("case", range(len(BIN_CASES)))
+@pytest.mark.parametrize("dts", [(np.float32, np.float32), (np.float16, np.float32), (np.float32, np.float16)])
+def test_binary(rng, op, case, dts):
+    sa, sb = BIN_CASES[case]
+    a, b = rand(rng, *sa, dtype=dts[0]), rand(rng, *sb, dtype=dts[1])
+    if op == "div":
+        b = (np.abs(b) + 0.5).astype(dts[1])
+    fn = getattr(gg, op)
+    cu, cpu, plan = run_both(lambda ctx: fn(ctx.tensor(a), ctx.tensor(b)))
+    check(cu, cpu, ELEM if dts[0] == np.float32 else 1e-6)
+
+
+@cuda
+def test_binary_permuted_and_bf16(rng):
+    a, b = rand(rng, 6, 5, 33), rand(rng, 1, 1, 33)  # a viewed as ne (33, 6, 5), b ne (33, 1, 1)
+    cu, cpu, _ = run_both(lambda ctx: gg.mul(gg.permute(ctx.tensor(a), 0, 2, 1, 3), ctx.tensor(b)))
+    check(cu, cpu, ELEM)
+    cu, cpu, _ = run_both(lambda ctx: gg.add(ctx.tensor(a, dtype=gg.BF16), ctx.tensor(a[:1])))
+    check(cu, cpu, 1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("op", ["scale", "silu", "gelu"])
+@pytest.mark.parametrize("shape", [(1,), (5, 3), (2, 511), (3, 2, 1025)])
+@pytest.mark.parametrize("dtype", [gg.F32, gg.F16, gg.BF16])
+def test_unary(rng, op, shape, dtype):
+    x = rand(rng, *shape) * 3
+    f = (lambda t: gg.scale(t, 0.37)) if op == "scale" else getattr(gg, op)
+    cu, cpu, _ = run_both(lambda ctx: f(ctx.tensor(x, dtype=dtype)))
+    check(cu, cpu, ELEM if dtype is gg.F32 else 1e-5)
+    if dtype is gg.F32:
+        x64 = x.astype(np.float64)
+        ref = {"scale": x64 * 0.37, "silu": x64 / (1 + np.exp(-x64)),
+               "gelu": 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))}[op]
+        assert nmse(cu[0], ref) <= ELEM
+
+
+@cuda
+def test_unary_on_transposed_view(rng):
+    x = rand(rng, 7, 130)
+    cu, cpu, _ = run_both(lambda ctx: gg.silu(gg.transpose(ctx.tensor(x))))
+    check(cu, cpu, ELEM)
+
+
+# ---- norms ------------------------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("op", ["rms_norm", "norm"])
+@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096])
+@pytest.mark.parametrize("dtype", [gg.F32, gg.F16])
+def test_norm(rng, op, ne0, dtype):
+    x = rand(rng, 3, ne0) * 2 + 1
+    cu, cpu, _ = run_both(lambda ctx: getattr(gg, op)(ctx.tensor(x, dtype=dtype), 1e-5))
+    check(cu, cpu, ELEM if dtype is gg.F32 else 1e-6)
+    if dtype is gg.F32 and ne0 > 1:
+        x64 = x.astype(np.float64)
+        if op == "norm":
+            x64 = x64 - x64.mean(-1, keepdims=True)
+        ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5)
+        assert nmse(cu[0], ref) <= ELEM
+
+
+@cuda
+def test_norm_strided_input(rng):
+    x = rand(rng, 130, 9)
+    cu, cpu, _ = run_both(lambda ctx: gg.rms_norm(gg.transpose(ctx.tensor(x)), 1e-6))
+    check(cu, cpu, ELEM)
+
+
+@cuda
+@pytest.mark.parametrize("with_add", [False, True])
+@pytest.mark.parametrize("ne0", [5, 1025, 4096])
+def test_fused_rms_norm_mul_add(rng, with_add, ne0):
+    x, w, c = rand(rng, 2, 3, ne0), rand(rng, ne0), rand(rng, 3, ne0)
+
+    def build(ctx):
+        y = gg.mul(gg.rms_norm(ctx.tensor(x), 1e-6), ctx.tensor(w))
+        return gg.add(y, ctx.tensor(c)) if with_add else y
+    cu, cpu, plan = run_both(build)
+    want = ("rms_norm", "mul", "add") if with_add else ("rms_norm", "mul")
+    assert [s.ops for s in plan.steps] == [want]
+    assert plan.steps[0].kernel == "_".join(want) + "_f32"
+    check(cu, cpu, ELEM)
+    cu2, _, plan2 = run_both(build, fuse=False)
+    assert len(plan2.steps) == len(want)
+    check(cu, cu2, ELEM)  # fused == unfused
+
+
+# ---- softmax ----------------------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 20000])
+@pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
+def test_soft_max(rng, ne0, mask_dtype):
+    x = rand(rng, 2, 4, 3, ne0) * 3
+    m = None if mask_dtype is None else rand(rng, 1, 1, 5, ne0).astype(mask_dtype)  # ne1 5 >= 3
+
+    def build(ctx):
+        mt = None if m is None else ctx.tensor(m)
+        return gg.soft_max_ext(ctx.tensor(x), mt, scale=0.7)
+    cu, cpu, plan = run_both(build)
+    assert plan.steps[0].kernel == "soft_max_f32"
+    x64 = x.astype(np.float64) * 0.7
+    if m is not None:
+        x64 = x64 + m[:, :, :3, :].astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    check(cu, cpu, SOFTMAX, ref=e / e.sum(-1, keepdims=True))
+
+
+@cuda
+def test_soft_max_alibi_and_masked_rows(rng):
+    x = rand(rng, 1, 6, 4, 37)
+    m = rand(rng, 1, 1, 4, 37)
+    m[0, 0, 1, :] = -np.inf  # a fully masked row -> zeros, as on the CPU
+    cu, cpu, _ = run_both(lambda ctx: gg.soft_max_ext(ctx.tensor(x), ctx.tensor(m), scale=0.5, max_bias=8.0))
+    assert np.all(cu[0][:, 1, :] == 0)  # numpy shape (6, 4, 37)
+    check(cu, cpu, SOFTMAX)
+
+
+@cuda
+@pytest.mark.parametrize("mid", ["add", "diag_mask_inf"])
+@pytest.mark.parametrize("shape", [(3, 5, 5), (4, 7, 1025)])
+def test_fused_scale_softmax(rng, mid, shape):
+    x = rand(rng, *shape)
+    m = rand(rng, 1, shape[1], shape[2])
+
+    def build(ctx):
+        s = gg.scale(ctx.tensor(x), 0.125)
+        s = gg.add(s, ctx.tensor(m)) if mid == "add" else gg.diag_mask_inf(s, 2)
+        return gg.soft_max_ext(s, scale=1.5)
+    cu, cpu, plan = run_both(build)
+    assert [s.ops for s in plan.steps] == [("scale", mid, "soft_max")]
+    check(cu, cpu, SOFTMAX)
+    cu2, _, _ = run_both(build, fuse=False)
+    check(cu, cu2, SOFTMAX)
+
+
+@cuda
+def test_diag_mask_inf(rng):
+    x = rand(rng, 2, 5, 9)
+    cu, cpu, _ = run_both(lambda ctx: gg.diag_mask_inf(ctx.tensor(x), 3))
+    assert np.array_equal(np.isinf(cu[0]), np.isinf(cpu[0]))
+    fin = np.isfinite(cpu[0])
+    assert np.array_equal(cu[0][fin], cpu[0][fin])
+
+
+# ---- rope -------------------------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("mode", [gg.ROPE_NORMAL, gg.ROPE_NEOX])
+@pytest.mark.parametrize("dtype", [gg.F32, gg.F16])
+@pytest.mark.parametrize("n_dims", [64, 32])
+def test_rope(rng, mode, dtype, n_dims):
+    x = rand(rng, 5, 3, 64)  # ne = (64 head_dim, 3 heads, 5 tokens)
+    pos = np.array([0, 1, 17, 1000, 4097], np.int32)
+    cu, cpu, _ = run_both(lambda ctx: gg.rope(ctx.tensor(x, dtype=dtype), ctx.tensor(pos), n_dims, mode,
+                                              freq_base=10000.0, freq_scale=0.5))
+    check(cu, cpu, ELEM if dtype is gg.F32 else 1e-6)
+
+
+@cuda
+def test_rope_on_view(rng):
+    x = rand(rng, 4, 6, 32)
+    pos = np.arange(4, dtype=np.int32) + 3
+
+    def build(ctx):  # a strided view: every other head
+        t = ctx.tensor(x)
+        v = gg.view_3d(t, 32, 3, 4, t.nb[1] * 2, t.nb[2], 0)
+        return gg.rope(v, ctx.tensor(pos), 32, gg.ROPE_NEOX)
+    cu, cpu, _ = run_both(build)
+    check(cu, cpu, ELEM)
+
+
+# ---- mul_mat ----------------------------------------------------------------------------------
+def mm_ref(a, b):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    r2, r3 = b.shape[-3] // a.shape[-3], b.shape[-4] // a.shape[-4]
+    a64 = np.repeat(np.repeat(a64, r3, axis=0), r2, axis=1)
+    return b64 @ np.swapaxes(a64, -1, -2)
+
+
+@cuda
+@pytest.mark.parametrize("n", [1, 5, 8, 9, 77, 300])
+@pytest.mark.parametrize("adt", [gg.F32, gg.F16, gg.BF16])
+@pytest.mark.parametrize("bdt", [gg.F32, gg.F16])
+def test_mul_mat(rng, n, adt, bdt):
+    a = rand(rng, 1, 1, 129, 1025)
+    b = rand(rng, 1, 2, n, 1025)
+    cu, cpu, plan = run_both(lambda ctx: gg.mul_mat(ctx.tensor(a, dtype=adt), ctx.tensor(b, dtype=bdt)))
+    kernel = [s.kernel for s in plan.steps if s.ops == ("mul_mat",)][0]
+    assert ("vec" in kernel) == (n <= 8)
+    check(cu, cpu, MATMUL, ref=mm_ref(a, b).astype(np.float32))
+
+
+@cuda
+def test_mul_mat_cublas_large(rng):
+    a = rand(rng, 512, 1024).astype(np.float16)
+    b = rand(rng, 3, 200, 1024)
+    cu, cpu, plan = run_both(lambda ctx: gg.mul_mat(ctx.tensor(a), ctx.tensor(b)))
+    check(cu, cpu, MATMUL, ref=mm_ref(a[None, None], b[None]).astype(np.float32))
+    kernels = [s.kernel for s in plan.steps]
+    try:
+        import nvmath  # noqa: F401
+        assert "cublas_gemm_batched" in kernels and any(s.inserted and s.ops == ("cast",) for s in plan.steps)
+    except ImportError:
+        assert any(k.endswith("_no_cublas") for k in kernels)
+
+
+@cuda
+@pytest.mark.parametrize("n_tokens", [1, 7, 70])
+def test_attention_products_gqa_f16_cache(rng, n_tokens):
+    head_dim, n_head, n_head_kv, n_ctx, n_kv = 64, 8, 2, 96, 81
+    kc = rand(rng, n_ctx, n_head_kv * head_dim).astype(np.float16)
+    vc = rand(rng, n_ctx, n_head_kv * head_dim).astype(np.float16)
+    q = rand(rng, n_tokens, n_head, head_dim)
+
+    def build(ctx):
+        K, V = ctx.tensor(kc), ctx.tensor(vc)
+        Q = gg.permute(ctx.tensor(q), 0, 2, 1, 3)  # (head_dim, n_tokens, n_head)
+        k = gg.view_3d(K, head_dim, n_kv, n_head_kv, K.nb[1], head_dim * 2, 0)
+        kq = gg.mul_mat(k, Q)                                   # (n_kv, n_tokens, n_head)
+        kq = gg.soft_max_ext(kq, scale=head_dim ** -0.5)
+        vt = gg.view_3d(V, head_dim, n_kv, n_head_kv, V.nb[1], head_dim * 2, 0)
+        vt = gg.transpose(vt)                                   # (n_kv, head_dim, n_head_kv), strided rows
+        return kq, gg.mul_mat(vt, kq)                           # (head_dim, n_tokens, n_head)
+    cu, cpu, _ = run_both(build)
+    check(cu, cpu, MATMUL)
+    k64 = kc[:n_kv].reshape(n_kv, n_head_kv, head_dim).transpose(1, 0, 2)   # (hkv, n_kv, d)
+    v64 = vc[:n_kv].reshape(n_kv, n_head_kv, head_dim).transpose(1, 2, 0)   # (hkv, d, n_kv)
+    s = mm_ref(k64[None], q.transpose(1, 0, 2)[None])[0] * head_dim ** -0.5
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = mm_ref(v64[None], p[None])[0]
+    assert nmse(cu[1], o.astype(np.float32)) <= MATMUL
+
+
+# ---- rows -------------------------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("dtype", [gg.F32, gg.F16, gg.BF16, gg.I32])
+def test_get_rows(rng, dtype):
+    a = rand(rng, 2, 37, 1025)
+    if dtype is gg.I32:
+        a = rng.integers(-1000, 1000, size=a.shape).astype(np.int32)
+    idx = rng.integers(0, 37, size=(2, 11)).astype(np.int32)
+    cu, cpu, _ = run_both(lambda ctx: gg.get_rows(ctx.tensor(a, dtype=dtype), ctx.tensor(idx)))
+    assert np.array_equal(cu[0], cpu[0])
+
+
+@cuda
+def test_get_rows_out_of_range_raises(rng):
+    ctx = gg.Context()
+    a = ctx.tensor(rand(rng, 4, 8))
+    idx = ctx.tensor(np.array([0, 4], np.int32))
+    g = gg.build_forward(gg.get_rows(a, idx), backends=("cuda", "cpu"))
+    with pytest.raises(gg.BackendError, match="out of range"):
+        g.compute()
+    idx.set(np.array([3, 1], np.int32))  # the backend stays usable
+    g.compute()
+
+
+@cuda
+@pytest.mark.parametrize("dst_dtype", [gg.F16, gg.F32])
+def test_set_rows_into_cache(rng, dst_dtype):
+    b = rand(rng, 3, 513)
+    idx = np.array([7, 0, 12], np.int32)
+
+    def build(ctx):
+        cache = ctx.new_tensor(dst_dtype, (513, 16), persistent=True)
+        return gg.set_rows(cache, ctx.tensor(b), ctx.tensor(idx))
+    cu, cpu, _ = run_both(build)
+    check(cu, cpu, 1e-7 if dst_dtype is gg.F32 else 1e-6)
+    assert np.array_equal(cu[0], cpu[0])
+
+
+# ---- copies -----------------------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("src_dt", [gg.F32, gg.F16, gg.BF16])
+@pytest.mark.parametrize("dst_dt", [gg.F32, gg.F16, gg.BF16])
+def test_cpy_dtypes(rng, src_dt, dst_dt):
+    x = rand(rng, 3, 5, 1025)
+
+    def build(ctx):
+        dst = ctx.new_tensor(dst_dt, (1025, 5, 3), persistent=True)
+        return gg.cpy(ctx.tensor(x, dtype=src_dt), dst)
+    cu, cpu, plan = run_both(build)
+    assert plan.steps[-1].kernel == f"cpy_{src_dt.name}_{dst_dt.name}"
+    assert np.array_equal(cu[0], cpu[0]), "conversions round to nearest even on both backends"
+
+
+@cuda
+def test_cpy_f32_f16_into_cache_view(rng):
+    head_dim, n_head_kv, n_ctx, n_past, n_tok = 64, 2, 32, 5, 3
+    k = rand(rng, n_tok, n_head_kv, head_dim)
+
+    def build(ctx):
+        cache = ctx.new_tensor(gg.F16, (head_dim * n_head_kv, n_ctx), persistent=True)
+        view = gg.view_2d(cache, head_dim * n_head_kv, n_tok, cache.nb[1], cache.nb[1] * n_past)
+        return gg.cpy(gg.reshape(ctx.tensor(k), head_dim * n_head_kv, n_tok), view), cache
+    cu, cpu, plan = run_both(build)
+    assert [s.kernel for s in plan.steps] == ["cpy_f32_f16"]
+    assert np.array_equal(cu[1], cpu[1])
+    ref = k.reshape(n_tok, -1).astype(np.float16)
+    assert np.array_equal(cu[1][n_past:n_past + n_tok], ref)
+    assert not cu[1][:n_past].any() and not cu[1][n_past + n_tok:].any()
+
+
+@cuda
+def test_cpy_different_shapes_and_strides(rng):
+    x = rand(rng, 6, 35)  # 210 elements, read through a transposed view
+
+    def build(ctx):
+        dst = ctx.new_tensor(gg.F32, (10, 3, 7), persistent=True)
+        return gg.cpy(gg.transpose(ctx.tensor(x)), dst)
+    cu, cpu, _ = run_both(build)
+    assert np.array_equal(cu[0], cpu[0])
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [gg.F32, gg.F16, gg.I32])
+def test_cont_permuted_bit_exact(rng, dtype):
+    x = rand(rng, 3, 4, 5, 67)
+    if dtype is gg.I32:
+        x = rng.integers(-9, 9, size=x.shape).astype(np.int32)
+    cu, cpu, _ = run_both(lambda ctx: gg.cont(gg.permute(ctx.tensor(x, dtype=dtype), 2, 0, 3, 1)))
+    assert np.array_equal(cu[0], cpu[0])
+
+
+@cuda
+def test_cast(rng):
+    x = rand(rng, 5, 511)
+    cu, cpu, plan = run_both(lambda ctx: gg.cast(ctx.tensor(x), gg.F16))
+    assert plan.steps[0].kernel == "cpy_f32_f16"
+    assert np.array_equal(cu[0], cpu[0])
+    assert nmse(cu[0], x) <= SOFTMAX
+
+
+# ---- runtime behaviour ------------------------------------------------------------------------
+@cuda
+def test_recompute_after_set_replays_graph(rng):
+    ctx = gg.Context()
+    x = ctx.tensor(rand(rng, 4, 300))
+    w = ctx.tensor(rand(rng, 300))
+    y = gg.soft_max(gg.scale(gg.mul(gg.rms_norm(x, 1e-6), w), 0.3))
+    g = gg.build_forward(y, backends=("cuda", "cpu"))
+    g.compute()
+    for _ in range(3):
+        new = rand(rng, 4, 300)
+        x.set(new)
+        g.compute()
+        ctx2 = gg.Context()
+        ref = gg.soft_max(gg.scale(gg.mul(gg.rms_norm(ctx2.tensor(new), 1e-6), ctx2.tensor(w.numpy())), 0.3))
+        gg.build_forward(ref, backends=("cpu",)).compute()
+        assert nmse(y.numpy(), ref.numpy()) <= SOFTMAX
+    g.compute(sync=False)
+    gg.synchronize()
+    prof = g.profile(repeat=2)
+    assert len(prof.seconds) == len(g.plan.steps)
+
+
+@cuda
+def test_out_of_memory_is_recoverable():
+    be = base.get("cuda")
+    with pytest.raises(gg.OutOfMemoryError) as e:
+        be.alloc(1 << 50)
+    assert e.value.nbytes == 1 << 50
+    buf = be.alloc(1024)
+    buf.write(0, np.arange(256, dtype=np.float32))
+    assert np.array_equal(buf.read(0, 1024).view(np.float32), np.arange(256, dtype=np.float32))
+
+
+# ---- no GPU needed ----------------------------------------------------------------------------
+def _nvrtc_or_skip():
+    try:
+        from gg.backends.cuda import compiler
+        compiler.nvrtc_version()
+        return compiler
+    except Exception as e:  # cuda-python / NVRTC not installed here
+        pytest.skip(f"NVRTC not importable: {e}")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_catalog_compiles_everything(arch, tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("GG_CACHE_DIR", str(tmp_path))
+    from gg.backends.cuda import catalog
+    rows = catalog.compile_all(arch)
+    assert len(rows) == len(catalog.variants()) > 50
+    bad = [(name, err) for name, _, _, ok, err in rows if not ok]
+    assert not bad, bad
+
+
+def test_compile_error_carries_log():
+    compiler = _nvrtc_or_skip()
+    with pytest.raises(gg.CompileError, match="undefined_thing"):
+        compiler.compile_source('extern "C" __global__ void k() { undefined_thing(); }', "bad.cu", "sm_90",
+                                use_cache=False)
+
+
+def test_disk_cache_detects_corruption(tmp_path, monkeypatch):
+    compiler = _nvrtc_or_skip()
+    monkeypatch.setenv("GG_CACHE_DIR", str(tmp_path))
+    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.0f; }'
+    good = compiler.compile_source(src, "k.cu", "sm_80")
+    (entry,) = list((tmp_path / "cubin").glob("*.cubin"))
+    blob = bytearray(entry.read_bytes())
+    blob[-10] ^= 0xFF
+    entry.write_bytes(bytes(blob))
+    compiler._memory.clear()
+    assert compiler.compile_source(src, "k.cu", "sm_80") == good
+    assert entry.read_bytes() != bytes(blob)  # rewritten with a good entry
+
+
+def test_planning_without_gpu():
+    from gg.backends.cuda import BACKEND, support
+    x = gg.tensor(np.ones((4, 8), np.float32))
+    c = gg.new_tensor(gg.F16, (8, 4))
+    g = gg.build_forward(gg.cpy(x, c), backends=("cuda", "cpu"))
+    assert [s.kernel for s in g.plan.steps] == ["cpy_f32_f16"]
+    assert BACKEND.name == "cuda" and isinstance(BACKEND.available(), bool)
+    r = gg.rope(gg.tensor(np.ones((2, 3, 8), np.float32)), gg.tensor(np.arange(2, dtype=np.int32)), 8)
+    assert support.supports(("rope",), (r,))
+    assert not support.supports(("silu", "mul"), (gg.silu(x), gg.mul(gg.silu(x), x)))
