@@ -82,6 +82,12 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     raise BackendError(f"cuda: no lowering for op {op!r} ({what})")
 
 
+def _aligned16(t: Tensor) -> bool:
+    """Rows contiguous and every row start 16-byte aligned (the mat-vec 16-byte-load path)."""
+    return (t.nb[0] == t.dtype.size and addr(t) % 16 == 0
+            and all(nb % 16 == 0 for ne, nb in zip(t.ne[1:], t.nb[1:]) if ne > 1))
+
+
 def _err_code(rt, what: str) -> int:
     code = len(rt.err_names) + 1
     rt.err_names[code] = what
@@ -145,6 +151,7 @@ def _mul_mat(rt, step, what: str):
     args = Args().tensor(out).tensor(a).tensor(b)
     batches = out.ne[2] * out.ne[3]
     if path == "vec":
+        args.i32(int(a.ne[0] % 8 == 0 and _aligned16(a) and _aligned16(b)))
         rows_per_block = 4
         grid = ((out.ne[0] + rows_per_block - 1) // rows_per_block, batches, 1)
         block = (32, rows_per_block, 1)

@@ -7,6 +7,7 @@ falls back to plain launches, once and for good.
 """
 from __future__ import annotations
 
+import gc
 import os
 from typing import Callable, Sequence
 
@@ -44,7 +45,18 @@ class Program:
     def _capture(self) -> None:
         stream = self.rt.stream
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        # No garbage collection while capturing: a DeviceBuffer freed now would synchronize the
+        # stream and free memory, both illegal during capture.
+        gc_was_on = gc.isenabled()
+        gc.disable()
         check(cu.cuStreamBeginCapture(stream, mode), "starting CUDA graph capture")
+        try:
+            self._capture_launches(stream)
+        finally:
+            if gc_was_on:
+                gc.enable()
+
+    def _capture_launches(self, stream) -> None:
         try:
             self._launch_all()
         except BackendError as e:

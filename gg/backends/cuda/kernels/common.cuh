@@ -51,6 +51,37 @@ template <> __device__ __forceinline__ void st<float>(char* p, float v) { *(floa
 template <> __device__ __forceinline__ void st<f16>(char* p, float v) { *(u16*)p = f2h(v); }
 template <> __device__ __forceinline__ void st<bf16>(char* p, float v) { *(u16*)p = f2bf(v); }
 
+// 16 bytes loaded at once (the caller guarantees 16-byte alignment): the fast path of the
+// bandwidth-bound kernels.
+struct alignas(16) V16 { unsigned w[4]; };
+
+// Eight consecutive elements of a contiguous row starting at p, as floats.
+template <class T> __device__ __forceinline__ void ld8(const char* p, float* v);
+template <> __device__ __forceinline__ void ld8<float>(const char* p, float* v) {
+    const V16 a = *(const V16*)p, b = *(const V16*)(p + 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[i] = __uint_as_float(a.w[i]);
+        v[i + 4] = __uint_as_float(b.w[i]);
+    }
+}
+template <> __device__ __forceinline__ void ld8<f16>(const char* p, float* v) {
+    const V16 a = *(const V16*)p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = h2f((u16)(a.w[i] & 0xffffu));
+        v[2 * i + 1] = h2f((u16)(a.w[i] >> 16));
+    }
+}
+template <> __device__ __forceinline__ void ld8<bf16>(const char* p, float* v) {
+    const V16 a = *(const V16*)p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(a.w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(a.w[i] & 0xffff0000u);
+    }
+}
+
 __device__ __forceinline__ float ld_dt(const char* p, int dt) {
     switch (dt) {
         case DT_F16: return h2f(*(const u16*)p);
