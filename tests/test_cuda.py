@@ -113,7 +113,7 @@ def test_unary_on_transposed_view(rng):
 # ---- norms ------------------------------------------------------------------------------------
 @cuda
 @pytest.mark.parametrize("op", ["rms_norm", "norm"])
-@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096])
+@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096, 12289, 20000])  # 12289+: row not cached
 @pytest.mark.parametrize("dtype", [gg.F32, gg.F16])
 def test_norm(rng, op, ne0, dtype):
     x = rand(rng, 3, ne0) * 2 + 1
@@ -136,7 +136,7 @@ def test_norm_strided_input(rng):
 
 @cuda
 @pytest.mark.parametrize("with_add", [False, True])
-@pytest.mark.parametrize("ne0", [5, 1025, 4096])
+@pytest.mark.parametrize("ne0", [5, 1025, 4096, 16384])
 def test_fused_rms_norm_mul_add(rng, with_add, ne0):
     x, w, c = rand(rng, 2, 3, ne0), rand(rng, ne0), rand(rng, 3, ne0)
 
@@ -486,3 +486,12 @@ def test_planning_without_gpu():
     r = gg.rope(gg.tensor(np.ones((2, 3, 8), np.float32)), gg.tensor(np.arange(2, dtype=np.int32)), 8)
     assert support.supports(("rope",), (r,))
     assert not support.supports(("silu", "mul"), (gg.silu(x), gg.mul(gg.silu(x), x)))
+
+
+@cuda
+def test_fused_rms_norm_short_broadcast_operands(rng):
+    x, w, c = rand(rng, 3, 1024), rand(rng, 8), rand(rng, 3, 1)  # w repeats along the row, c per row
+    cu, cpu, plan = run_both(lambda ctx: gg.add(gg.mul(gg.rms_norm(ctx.tensor(x), 1e-6), ctx.tensor(w)),
+                                                ctx.tensor(c)))
+    assert [s.ops for s in plan.steps] == [("rms_norm", "mul", "add")]
+    check(cu, cpu, ELEM)

@@ -16,6 +16,7 @@ from . import support
 from .launch import Args, Launch, addr, block_per_row, rows_config
 
 SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
+NORM_CACHE_BYTES = 48 * 1024
 
 
 def _rows(t: Tensor) -> int:
@@ -105,8 +106,12 @@ def _norm(rt, step, what: str) -> Launch:
             args.tensor(t).i32(_code(t))
         else:
             args.none().i32(0)
-    grid, block = block_per_row(out.ne[0], _rows(out))
-    return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args, what=what)
+    cache = out.ne[0] * 4 <= NORM_CACHE_BYTES
+    vec = out.ne[0] % 8 == 0 and _aligned16(x) and _aligned16(out)
+    args.i32(int(cache)).i32(int(vec))
+    grid, block = block_per_row(out.ne[0] // 8 if vec else out.ne[0], _rows(out))
+    return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args,
+                  smem=out.ne[0] * 4 if cache else 0, what=what)
 
 
 def _soft_max(rt, step, what: str) -> Launch:

@@ -82,6 +82,31 @@ template <> __device__ __forceinline__ void ld8<bf16>(const char* p, float* v) {
     }
 }
 
+// Store eight floats as consecutive elements of a contiguous, 16-byte aligned row.
+template <class T> __device__ __forceinline__ void st8(char* p, const float* v);
+template <> __device__ __forceinline__ void st8<float>(char* p, const float* v) {
+    V16 a, b;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        a.w[i] = __float_as_uint(v[i]);
+        b.w[i] = __float_as_uint(v[i + 4]);
+    }
+    *(V16*)p = a;
+    *(V16*)(p + 16) = b;
+}
+template <> __device__ __forceinline__ void st8<f16>(char* p, const float* v) {
+    V16 a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.w[i] = (unsigned)f2h(v[2 * i]) | ((unsigned)f2h(v[2 * i + 1]) << 16);
+    *(V16*)p = a;
+}
+template <> __device__ __forceinline__ void st8<bf16>(char* p, const float* v) {
+    V16 a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.w[i] = (unsigned)f2bf(v[2 * i]) | ((unsigned)f2bf(v[2 * i + 1]) << 16);
+    *(V16*)p = a;
+}
+
 __device__ __forceinline__ float ld_dt(const char* p, int dt) {
     switch (dt) {
         case DT_F16: return h2f(*(const u16*)p);

@@ -26,10 +26,11 @@ extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc
     }
     const char* mrow = m ? m + row_offs(md, i1 % md.ne[1], i2 % md.ne[2], i3 % md.ne[3]) : nullptr;
 
+    const bool mfull = md.ne[0] == n;  // the usual case: no 64-bit modulo per element
     // value() recomputes t when the row does not fit in shared memory.
     auto value = [&](i64 i0) -> float {
         float t = cx * ld<float>(xrow + i0 * xd.nb[0]);
-        if (mrow) t += slope * ld_dt(mrow + (i0 % md.ne[0]) * md.nb[0], mdt);
+        if (mrow) t += slope * ld_dt(mrow + (mfull ? i0 : i0 % md.ne[0]) * md.nb[0], mdt);
         if (n_past >= 0 && i0 > (i64)n_past + i1) t = NEG_INF;
         return post * t;
     };
