@@ -48,9 +48,23 @@ def files() -> list[str]:
     return list(dict.fromkeys(v.file for v in variants()))
 
 
-def compile_all(arch: str = "sm_90") -> list[tuple[str, str, bytes, bool, str]]:
-    """(name, arch, cubin_bytes, ok, error) for every variant; compiles each file once."""
-    rows: list[tuple[str, str, bytes, bool, str]] = []
+def default_arch() -> str:
+    """This machine's GPU arch when one is usable, else sm_90 (what CI builds for)."""
+    try:
+        from . import BACKEND
+        if BACKEND.available():
+            from . import runtime
+            return runtime.get().arch
+    except Exception:
+        pass
+    return "sm_90"
+
+
+def compile_all(arch: str | None = None) -> list[tuple[str, str, int, bool, str]]:
+    """(name, arch, cubin_bytes, ok, error) for every variant, cubin_bytes being the size of the
+    CUBIN that holds it; each file is compiled once. arch None: `default_arch()`."""
+    arch = arch or default_arch()
+    rows: list[tuple[str, str, int, bool, str]] = []
     by_file: dict[str, tuple[bytes, str]] = {}
     for f in files():
         try:
@@ -62,5 +76,5 @@ def compile_all(arch: str = "sm_90") -> list[tuple[str, str, bytes, bool, str]]:
         ok = bool(cubin) and (v.name.encode() + b"\0") in cubin
         if cubin and not ok:
             error = f"symbol {v.name} not found in the CUBIN of {v.file}"
-        rows.append((v.name, arch, cubin, ok, error))
+        rows.append((v.name, arch, len(cubin), ok, error))
     return rows
