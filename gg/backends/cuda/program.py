@@ -23,6 +23,8 @@ class Program:
         rt.make_current()
         self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
         self.records = [r for rs in self.per_step for r in rs]
+        self.names = [f"{'+'.join(s.ops)} ({s.kernel})" for s in self.steps]
+        del self.names[64:]  # enough to find a faulting kernel; bounded for huge plans
         self.use_graph = os.environ.get("GG_NO_CUDA_GRAPH", "") != "1" and len(self.records) > 1
         self.graph_exec = None
         self.graph_error: str | None = None
@@ -32,6 +34,9 @@ class Program:
             r()
 
     def run(self) -> None:
+        self.rt.in_flight.extend(self.names)
+        if len(self.rt.in_flight) > 256:  # many runs without a sync: keep the latest
+            del self.rt.in_flight[:-64]
         if self.graph_exec is not None:
             check(cu.cuGraphLaunch(self.graph_exec, self.rt.stream), "replaying the CUDA graph")
             return

@@ -64,6 +64,9 @@ class Runtime:
         self.err_word = self.alloc(4)
         self.err_word.write(0, np.zeros(1, np.int32))
         self.err_names: dict[int, str] = {}
+        # What was enqueued since the last synchronize, to name it when an asynchronous error
+        # (a fault inside a kernel) only surfaces at the next synchronization.
+        self.in_flight: list[str] = []
 
     def make_current(self) -> None:
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
@@ -73,6 +76,10 @@ class Runtime:
         return DeviceBuffer(self, nbytes)
 
     def synchronize(self, what: str = "running the plan") -> None:
+        steps, self.in_flight = self.in_flight, []
+        if steps:
+            shown = "; ".join(steps[-8:]) + (f" (and {len(steps) - 8} earlier)" if len(steps) > 8 else "")
+            what = f"{what}; enqueued since the last sync: {shown}"
         check(cu.cuStreamSynchronize(self.stream), f"cuStreamSynchronize ({what})")
         flag = np.zeros(1, np.int32)
         check(cu.cuMemcpyDtoH(flag.ctypes.data, self.err_word.ptr, 4), "reading the error word")
