@@ -25,5 +25,11 @@ GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-e
     > "$OUT/racecheck_pytest.log" 2>&1
 rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
+# The sanitizer must catch a planted out-of-bounds write made through gg's launch path.
+timeout 120 "$SAN" --tool memcheck --error-exitcode 99 python3 scripts/sanitizer_selftest.py \
+    > "$OUT/sanitizer_selftest.log" 2>&1
+rc=$?; echo "planted fault: memcheck exit $rc (99 expected)" | tee -a "$OUT/sanitizer_selftest.log"
+[ $rc -eq 99 ] || status=1
+
 tail -n 3 "$OUT"/*.log
 exit $status
