@@ -9,7 +9,7 @@ import numpy as np
 from ... import dtypes
 from ...buffer import HostBuffer
 from ...dtypes import DType
-from ...errors import OutOfMemoryError
+from ...errors import GraphError, OutOfMemoryError
 from ...tensor import Tensor
 from .kernels import KERNELS, WRITES_IN_PLACE
 
@@ -17,6 +17,9 @@ from .kernels import KERNELS, WRITES_IN_PLACE
 def host_view(t: Tensor) -> np.ndarray:
     """A writable numpy view of t's raw storage (shape ne[::-1], strides nb[::-1])."""
     root = t.root
+    if root.buffer is None:  # e.g. a leaf whose context was freed after the plan was bound
+        why = "belongs to a freed context" if getattr(root.ctx, "freed", False) else "has no storage"
+        raise GraphError(f"cpu: tensor {t.label()} {why}")
     return np.ndarray(t.ne[::-1], dtype=t.dtype.storage, buffer=root.buffer.array,
                       offset=root.offset + t.view_offs, strides=t.nb[::-1])
 
