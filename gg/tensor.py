@@ -107,7 +107,16 @@ class Tensor:
         return self.view_offs, self.view_offs + span + self.dtype.size
 
     def is_contiguous(self) -> bool:
-        return self.nb == contiguous_strides(self.dtype, self.ne) or self.nelements == 1
+        """The elements fill [view_offs, view_offs + nelements * size) in logical order. Like
+        ggml_is_contiguous, the strides of dims with ne == 1 don't matter (a decode-time permute
+        (hd, n_head, 1) -> (hd, 1, n_head) is contiguous)."""
+        want = self.dtype.size
+        for n, b in zip(self.ne, self.nb):
+            if n != 1:
+                if b != want:
+                    return False
+                want *= n
+        return True
 
     def rows_contiguous(self) -> bool:
         return self.nb[0] == self.dtype.size
