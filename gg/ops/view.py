@@ -21,6 +21,10 @@ def _view_of(op: str, a: Tensor, ne, nb, offset: int, params=None) -> Tensor:
     tensor_arg(op, a)
     if int(offset) != offset or offset < 0:
         raise ShapeError(f"{op}: offset must be a byte count >= 0, got {offset!r}")
+    size = a.dtype.size
+    if int(offset) % size or any(int(b) % size for b in nb):
+        raise ShapeError(f"{op}: view of ne={a.ne} {a.dtype.name}: offset {offset} and strides nb={tuple(nb)} "
+                         f"must be multiples of the element size {size} bytes")
     return Tensor(a.dtype, ne, nb, op=op, src=(a,), view_src=a.root, view_offs=a.view_offs + int(offset),
                   params=params)
 
