@@ -9,7 +9,7 @@ import numpy as np
 from . import dtypes
 from .buffer import HostBuffer
 from .dtypes import DType
-from .errors import BackendError, DTypeError, GGError
+from .errors import BackendError, DTypeError, GGError, ShapeError
 from .tensor import Flag, Tensor, check_castable, pad_ne
 
 BACKENDS = ("auto", "cpu", "cuda")
@@ -55,7 +55,7 @@ class Context:
         else:
             check_castable("tensor", array.dtype, dtype)
         if array.ndim > 4:
-            raise GGError(f"tensor: at most 4 dims, got array of shape {array.shape}")
+            raise ShapeError(f"tensor: at most 4 dims, got array of shape {array.shape}")
         ne = array.shape[::-1] or (1,)
         t = self.new_tensor(dtype, ne, name=name)
         t.set(array.reshape(t.ne[::-1]))
