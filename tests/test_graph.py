@@ -286,3 +286,33 @@ def test_freed_context_after_a_compute(rng):
     ctx.free()
     with pytest.raises(gg.GGError, match="freed"):
         g.compute()        # must be a gg error, not an AttributeError from deep inside
+
+
+def test_output_of_one_graph_is_intermediate_of_another(rng):
+    # a is g2's output and an intermediate of g1: g1 must not reuse (or scale in place) a's memory.
+    x = gg.tensor(f32(rng, 37, 3))
+    a = gg.silu(x)
+    s = gg.scale(a, 2.0)
+    g2 = gg.build_forward(a, backends=CPU)
+    g1 = gg.build_forward(s, backends=CPU)
+    g2.compute()
+    g1.compute()
+    want = ref_silu(x.numpy())
+    assert np.allclose(a.numpy(), want, rtol=1e-6, atol=1e-6)
+    assert np.allclose(s.numpy(), 2 * want, rtol=1e-6, atol=1e-6)
+
+
+def test_plan_made_before_a_tensor_became_another_graphs_output(rng):
+    x = gg.tensor(f32(rng, 37, 3))
+    a = gg.silu(x)
+    s = gg.scale(a, 2.0)
+    g1 = gg.build_forward(s, backends=CPU)
+    g1.compute()                       # planned while a was a plain intermediate
+    assert g1.plan.alloc.inplace       # (the scale reused a's bytes)
+    g2 = gg.build_forward(a, backends=CPU)
+    g2.compute()
+    x.set(f32(rng, 37, 3))
+    g1.compute()                       # must re-plan: a now has to survive g1's run
+    want = ref_silu(x.numpy())
+    assert np.allclose(a.numpy(), want, rtol=1e-6, atol=1e-6)
+    assert np.allclose(s.numpy(), 2 * want, rtol=1e-6, atol=1e-6)

@@ -2,14 +2,15 @@
 
 An intermediate's bytes are reused once its last reader ran; a single-op elementwise step may
 write over its first source in place when that source dies there with an identical layout.
-Leaves, views, graph outputs and persistent tensors are never reused."""
+Leaves, views, graph outputs and persistent tensors are never reused, nor is a tensor that is
+the output of another graph (its value must survive this graph's run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..ops import info
-from ..tensor import Tensor
+from ..tensor import Flag, Tensor
 from .step import Step
 
 ALIGN = 256
@@ -60,6 +61,7 @@ class Allocation:
     arena_bytes: dict[str, int]             # peak size of each backend's arena
     naive_bytes: dict[str, int]             # what one buffer per tensor would take
     inplace: dict[Tensor, Tensor]           # out -> the source whose bytes it reuses
+    reused: frozenset[Tensor] = frozenset()  # intermediates whose bytes something else takes later
 
 
 def _size(t: Tensor) -> int:
@@ -68,6 +70,7 @@ def _size(t: Tensor) -> int:
 
 def allocate(steps: Sequence[Step], outputs: Sequence[Tensor]) -> Allocation:
     keep = {o.root for o in outputs}
+    keep |= {s.out for s in steps if Flag.OUTPUT in s.out.flags and s.out.view_src is None}
     owned = [s.out for s in steps if s.out.view_src is None]  # tensors that need arena memory
     mine = set(owned)
     last_use: dict[Tensor, int] = {}
@@ -101,4 +104,5 @@ def allocate(steps: Sequence[Step], outputs: Sequence[Tensor]) -> Allocation:
             if t in mine and t not in keep and last_use.get(t) == i:
                 be, off = offsets[t]
                 arenas[be].give(off, _size(t))
-    return Allocation(offsets, {b: a.size for b, a in arenas.items()}, naive, inplace)
+    reused = frozenset(t for t in offsets if t not in keep)
+    return Allocation(offsets, {b: a.size for b, a in arenas.items()}, naive, inplace, reused)

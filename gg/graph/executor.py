@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 from ..backends import base
-from ..errors import BackendError
-from ..tensor import Tensor
+from ..errors import BackendError, GraphError
+from ..tensor import Flag, Tensor
 from .plan import Plan
 from .step import Step
 
@@ -44,6 +44,8 @@ class Executor:
         self.segments: list = []
         self.used = tuple(dict.fromkeys(s.backend for s in plan.steps))
         self.arenas: dict[str, object] = {}
+        self.contexts: set = set()  # of the leaves: a freed one makes every later run an error
+        self.shared: list = []  # (tensor, (backend, offset)) outputs of any graph: re-bound each run
 
     def _bind(self) -> None:
         for name in self.used:
@@ -53,10 +55,13 @@ class Executor:
         for step in self.plan.steps:  # leaves move to their home once, and stay there
             for t in step.inputs + (step.out,):
                 self._migrate(t.root)
+                if t.root.op is None and t.root.ctx is not None:
+                    self.contexts.add(t.root.ctx)
         for name, size in self.plan.alloc.arena_bytes.items():
             self.arenas[name] = base.get(name).alloc(max(size, 1))
         for t, (name, off) in self.plan.alloc.offsets.items():
             t.buffer, t.offset = self.arenas[name], off
+        self.shared = [(t, where) for t, where in self.plan.alloc.offsets.items() if Flag.OUTPUT in t.flags]
         self.segments = []
         run: list[Step] = []
         for step in self.plan.steps + [None]:  # type: ignore[operator]
@@ -95,14 +100,15 @@ class Executor:
         return Profile(self.plan, [statistics.median(col) for col in zip(*samples)])
 
     def run(self, sync: bool = True) -> None:
+        for c in self.contexts:  # kernels hold raw addresses: never let them touch freed memory
+            if c.freed:
+                raise GraphError("compute: a leaf of this graph belongs to a freed context; rebuild "
+                                 "the graph from live tensors")
         if not self.segments:
             self._bind()
         else:  # outputs may have been re-bound by another graph that shares them
-            for t in self.plan.outputs:
-                r = t.root
-                if r in self.plan.alloc.offsets:
-                    name, off = self.plan.alloc.offsets[r]
-                    r.buffer, r.offset = self.arenas[name], off
+            for r, (name, off) in self.shared:
+                r.buffer, r.offset = self.arenas[name], off
         for seg in self.segments:
             seg.run()
         if sync:

@@ -7,6 +7,10 @@ from typing import Sequence
 from ..errors import GraphError
 from ..tensor import Flag, Tensor
 
+# Bumped whenever a computed tensor first becomes some graph's output: plans made earlier may have
+# reused its memory as an intermediate and must be re-made (see `Graph.compute`).
+_outputs_epoch = 0
+
 
 class Graph:
     """A forward graph. `nodes` are op tensors in build order, `leafs` the data tensors they read.
@@ -22,6 +26,7 @@ class Graph:
         self._seen: set[Tensor] = set()
         self._plan = None
         self._executor = None
+        self._epoch = -1
 
     def build_forward_expand(self, t: Tensor) -> "Graph":
         """Add `t` and everything it depends on (not yet in the graph) after the current nodes."""
@@ -30,6 +35,9 @@ class Graph:
         self._visit(t)
         if t not in self.outputs:
             self.outputs.append(t)
+        if t.op is not None and Flag.OUTPUT not in t.flags:
+            global _outputs_epoch
+            _outputs_epoch += 1
         t.flags |= Flag.OUTPUT
         self._plan = self._executor = None
         return self
@@ -70,16 +78,23 @@ class Graph:
     @property
     def plan(self):
         """The plan (planned on first access; never touches a device)."""
+        if self._plan is not None and self._epoch != _outputs_epoch:
+            # Another graph made one of our intermediates its output: if we reuse its memory, re-plan.
+            self._epoch = _outputs_epoch
+            if any(Flag.OUTPUT in t.flags for t in self._plan.alloc.reused):
+                self._plan = self._executor = None
         if self._plan is None:
             from .planner import make_plan
+            self._epoch = _outputs_epoch
             self._plan = make_plan(self)
         return self._plan
 
     def compute(self, sync: bool = True) -> "Graph":
         """Run the graph. With `sync=False` CUDA work is only enqueued (see `gg.synchronize`)."""
+        plan = self.plan  # re-plans if the memory plan became stale
         if self._executor is None:
             from .executor import Executor
-            self._executor = Executor(self.plan)
+            self._executor = Executor(plan)
         self._executor.run(sync=sync)
         return self
 
