@@ -155,7 +155,8 @@ def test_fused_rms_norm_mul_add(rng, with_add, ne0):
 
 # ---- softmax ----------------------------------------------------------------------------------
 @cuda
-@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 20000])
+# 4096 / 8192: register rows with 16-byte accesses; 8195: registers, scalar; 20000: shared memory
+@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096, 8192, 8195, 20000])
 @pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
 def test_soft_max(rng, ne0, mask_dtype):
     x = rand(rng, 2, 4, 3, ne0) * 3
@@ -248,7 +249,8 @@ def mm_ref(a, b):
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 77, 300])
 @pytest.mark.parametrize("adt", [gg.F32, gg.F16, gg.BF16])
 @pytest.mark.parametrize("bdt", [gg.F32, gg.F16])
-@pytest.mark.parametrize("k", [1025, 1024])  # 1024: the mat-vec's 16-byte-load path
+# 1024: the mat-vec's 16-byte-load path; 64 and 128: several rows per warp (head_dim rows)
+@pytest.mark.parametrize("k", [1025, 1024, 128, 64])
 def test_mul_mat(rng, n, adt, bdt, k):
     a = rand(rng, 1, 1, 129, k)
     b = rand(rng, 1, 2, n, k)
@@ -256,6 +258,19 @@ def test_mul_mat(rng, n, adt, bdt, k):
     kernel = [s.kernel for s in plan.steps if s.ops == ("mul_mat",)][0]
     assert ("vec" in kernel) == (n <= 8)
     check(cu, cpu, MATMUL, ref=mm_ref(a, b).astype(np.float32))
+
+
+@cuda
+@pytest.mark.parametrize("n", [8 * 2**20 + 8, 3 * 2**20 + 5])  # one huge row: split over blocks
+def test_single_long_row_kernels(rng, n):
+    a, b = rand(rng, n), rand(rng, n)
+
+    def build(ctx):
+        ta, tb = ctx.tensor(a), ctx.tensor(b)
+        return gg.cont(gg.silu(ta)), gg.add(ta, tb), gg.cpy(ta, ctx.new_tensor(gg.F16, (n,)))
+    cu, cpu, _ = run_both(build)
+    check(cu[:2], cpu[:2], ELEM)
+    assert np.array_equal(cu[2], cpu[2])  # the F16 cast rounds identically
 
 
 @cuda

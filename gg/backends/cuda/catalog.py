@@ -10,6 +10,7 @@ from itertools import product
 
 from ...errors import CompileError
 from . import compiler
+from .support import SOFTMAX_NPT
 
 FLOAT_NAMES = ("f32", "f16", "bf16")
 
@@ -30,6 +31,8 @@ def variants() -> list[Variant]:
     for op, t in product(("rms_norm", "norm"), FLOAT_NAMES):
         v.append(Variant("norm.cu", f"{op}_{t}"))
     v.append(Variant("softmax.cu", "soft_max_f32"))
+    for npt in SOFTMAX_NPT:
+        v.append(Variant("softmax.cu", f"soft_max_r{npt}_f32"))
     for t in ("f32", "f16"):
         v.append(Variant("rope.cu", f"rope_{t}"))
     for t in FLOAT_NAMES + ("i32",):

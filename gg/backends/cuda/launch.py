@@ -85,11 +85,29 @@ class Launch:
             check((err,), f"launching {self.name} for {self.what}")
 
 
-def rows_config(ne0: int, rows: int, max_threads: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Grid and block for the row kernels: x threads cover a row, y-slices take one row each."""
-    tx = min(max_threads, max(32, (ne0 + 31) // 32 * 32))
+def rows_config(work: int, rows: int, max_threads: int = 256,
+                split: bool = False) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Grid and block for the row kernels: x threads cover a row's `work` items, y-slices take one
+    row each. With `split` (kernels that stride by gridDim.y * blockDim.x) a long row is also
+    spread over blockIdx.y, each thread keeping about ROW_ITEMS_PER_THREAD items, so a single
+    huge row (a flat copy) still fills the GPU."""
+    tx = min(max_threads, max(32, (work + 31) // 32 * 32))
     ty = max(1, max_threads // tx)
-    return ((rows + ty - 1) // ty, 1, 1), (tx, ty, 1)
+    gy = min(GRID_Y_MAX, max(1, -(-work // (tx * ROW_ITEMS_PER_THREAD)))) if split else 1
+    return ((rows + ty - 1) // ty, gy, 1), (tx, ty, 1)
+
+
+ROW_ITEMS_PER_THREAD = 4
+GRID_Y_MAX = 65535
+
+
+def vec_rows(*ts: Tensor) -> bool:
+    """The 8-elements-per-access path of the row kernels applies: every operand has contiguous
+    rows of the same length (a multiple of 8) starting on 16-byte boundaries."""
+    n = ts[0].ne[0]
+    return n % 8 == 0 and all(
+        t.ne[0] == n and t.nb[0] == t.dtype.size and addr(t) % 16 == 0
+        and all(nb % 16 == 0 for ne, nb in zip(t.ne[1:], t.nb[1:]) if ne > 1) for t in ts)
 
 
 def block_per_row(ne0: int, rows: int, max_threads: int = 512) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -9,14 +9,16 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ...dtypes import I32
+from ...dtypes import F32, I32
 from ...errors import BackendError
 from ...tensor import Tensor
 from . import support
-from .launch import Args, Launch, addr, block_per_row, rows_config
+from .launch import Args, Launch, addr, block_per_row, rows_config, vec_rows
 
 SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
 NORM_CACHE_BYTES = 48 * 1024
+NORM_REG_CHUNKS = 4    # kernels/norm.cu: 8-element chunks a thread keeps in registers
+NORM_MIN_THREADS = 128
 
 
 def _rows(t: Tensor) -> int:
@@ -43,15 +45,17 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     srcs = step.srcs(out)
     if op in ("add", "sub", "mul", "div"):
         a, b = srcs
-        grid, block = rows_config(out.ne[0], _rows(out))
-        args = Args().tensor(out).tensor(a).tensor(b)
+        vec = vec_rows(out, a, b)
+        grid, block = rows_config(out.ne[0] // 8 if vec else out.ne[0], _rows(out), split=True)
+        args = Args().tensor(out).tensor(a).tensor(b).i32(int(vec))
         return [Launch(rt, "binary.cu", f"{op}_{a.dtype.name}_{b.dtype.name}", grid, block, args, what=what)]
     if op in ("scale", "silu", "gelu", "diag_mask_inf"):
         (a,) = srcs
-        grid, block = rows_config(out.ne[0], _rows(out))
+        vec = vec_rows(out, a)
+        grid, block = rows_config(out.ne[0] // 8 if vec else out.ne[0], _rows(out), split=True)
         s = out.params.s if op == "scale" else 0.0
         n_past = out.params.n_past if op == "diag_mask_inf" else 0
-        args = Args().tensor(out).tensor(a).f32(s).i32(n_past)
+        args = Args().tensor(out).tensor(a).f32(s).i32(n_past).i32(int(vec))
         return [Launch(rt, "unary.cu", f"{op}_{out.dtype.name}", grid, block, args, what=what)]
     if op == "rope":
         x, pos = srcs
@@ -74,13 +78,27 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         return [Launch(rt, "rows.cu", name, grid, block, args, what=what)]
     if op in support.COPIES:
         a = srcs[0]
-        grid, block = rows_config(out.ne[0], _rows(out))
-        args = Args().tensor(out).tensor(a).i32(int(a.ne == out.ne))
+        same = a.ne == out.ne
+        vec = same and vec_rows(out, a)
+        grid, block = rows_config(out.ne[0] // 8 if vec else out.ne[0], _rows(out), split=True)
+        args = Args().tensor(out).tensor(a).i32(int(same)).i32(int(vec))
         name = "cpy_i32_i32" if a.dtype is I32 else f"cpy_{a.dtype.name}_{out.dtype.name}"
         return [Launch(rt, "cpy.cu", name, grid, block, args, what=what)]
     if op == "mul_mat":
         return [_mul_mat(rt, step, what)]
     raise BackendError(f"cuda: no lowering for op {op!r} ({what})")
+
+
+MMV_BLOCK = 128  # threads per mat-vec block
+
+
+def mmv_threads_per_row(work: int) -> int:
+    """Threads sharing one mat-vec row: enough for `work` loads (8-element chunks, or elements),
+    at most a warp, at least 4 (a power of two, so a row never straddles two warps)."""
+    t = 4
+    while t < 32 and t < work:
+        t *= 2
+    return t
 
 
 def _aligned16(t: Tensor) -> bool:
@@ -106,10 +124,18 @@ def _norm(rt, step, what: str) -> Launch:
             args.tensor(t).i32(_code(t))
         else:
             args.none().i32(0)
-    cache = out.ne[0] * 4 <= NORM_CACHE_BYTES
-    vec = out.ne[0] % 8 == 0 and _aligned16(x) and _aligned16(out)
-    args.i32(int(cache)).i32(int(vec))
-    grid, block = block_per_row(out.ne[0] // 8 if vec else out.ne[0], _rows(out))
+    n = out.ne[0]
+    vec = n % 8 == 0 and _aligned16(x) and _aligned16(out)
+    operands = [step.srcs(node)[1] for node in nodes[1:]]
+    wvec = all(t.dtype is F32 and t.ne[0] == n and _aligned16(t) for t in operands)
+    regs = vec and n // 8 <= NORM_REG_CHUNKS * 1024
+    cache = not regs and n * 4 <= NORM_CACHE_BYTES
+    args.i32(int(cache)).i32(int(vec)).i32(int(wvec))
+    if regs:  # at most NORM_REG_CHUNKS chunks per thread, at least NORM_MIN_THREADS threads
+        threads = max(min(NORM_MIN_THREADS, n // 8), -(-(n // 8) // NORM_REG_CHUNKS))
+        grid, block = block_per_row(threads, _rows(out), 1024)
+    else:
+        grid, block = block_per_row(n // 8 if vec else n, _rows(out))
     return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args,
                   smem=out.ne[0] * 4 if cache else 0, what=what)
 
@@ -139,11 +165,29 @@ def _soft_max(rt, step, what: str) -> Launch:
         args.tensor(mask).i32(_code(mask))
     else:
         args.none().i32(0)
-    cache = out.ne[0] * 4 <= SOFTMAX_CACHE_BYTES
-    args.f32(cx).f32(post).i32(n_past).f32(max_bias).f32(m0).f32(m1).i32(n_log2).i32(int(cache))
-    grid, block = block_per_row(out.ne[0], _rows(out))
-    return Launch(rt, "softmax.cu", "soft_max_f32", grid, block, args, smem=out.ne[0] * 4 if cache else 0,
-                  what=what)
+    args.f32(cx).f32(post).i32(n_past).f32(max_bias).f32(m0).f32(m1).i32(n_log2)
+    n = out.ne[0]
+    npt = softmax_values_per_thread(n)
+    if npt:  # the row lives in registers
+        vec = (n % 4 == 0 and x.nb[0] == 4 and out.nb[0] == 4 and all(
+            t.nb[i] % 16 == 0 for t in (x, out) for i in (1, 2, 3)) and addr(x) % 16 == 0 and addr(out) % 16 == 0)
+        args.i32(int(vec))
+        threads = max(32, (-(-n // npt) + 31) // 32 * 32)
+        return Launch(rt, "softmax.cu", f"soft_max_r{npt}_f32", (_rows(out), 1, 1), (threads, 1, 1), args,
+                      what=what)
+    cache = n * 4 <= SOFTMAX_CACHE_BYTES
+    args.i32(int(cache))
+    grid, block = block_per_row(n, _rows(out))
+    return Launch(rt, "softmax.cu", "soft_max_f32", grid, block, args, smem=n * 4 if cache else 0, what=what)
+
+
+SOFTMAX_MAX_THREADS = 256
+
+
+def softmax_values_per_thread(n: int) -> int:
+    """Values each thread of a register-resident softmax holds for rows of n (0: too long, use
+    the shared-memory kernel): the fewest that keep a row within SOFTMAX_MAX_THREADS threads."""
+    return next((k for k in support.SOFTMAX_NPT if -(-n // k) <= SOFTMAX_MAX_THREADS), 0)
 
 
 def _mul_mat(rt, step, what: str):
@@ -156,10 +200,12 @@ def _mul_mat(rt, step, what: str):
     args = Args().tensor(out).tensor(a).tensor(b)
     batches = out.ne[2] * out.ne[3]
     if path == "vec":
-        args.i32(int(a.ne[0] % 8 == 0 and _aligned16(a) and _aligned16(b)))
-        rows_per_block = 4
+        vec = a.ne[0] % 8 == 0 and _aligned16(a) and _aligned16(b)
+        args.i32(int(vec))
+        tpr = mmv_threads_per_row(a.ne[0] // 8 if vec else a.ne[0])
+        rows_per_block = MMV_BLOCK // tpr
         grid = ((out.ne[0] + rows_per_block - 1) // rows_per_block, batches, 1)
-        block = (32, rows_per_block, 1)
+        block = (tpr, rows_per_block, 1)
     else:
         grid = ((out.ne[0] + 63) // 64, (out.ne[1] + 63) // 64, batches)
         block = (256, 1, 1)

@@ -23,6 +23,7 @@ SINGLE = ELEMENTWISE + COPIES + ("rms_norm", "norm", "soft_max", "rope", "mul_ma
 FUSED = (("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
          ("scale", "diag_mask_inf", "soft_max"))
 
+SOFTMAX_NPT = (4, 8, 16, 32)  # register-resident softmax variants: values per thread
 MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 GRID_YZ_MAX = 65535

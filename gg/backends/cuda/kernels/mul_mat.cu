@@ -3,31 +3,34 @@
 // Both kernels read arbitrary byte strides, so permuted views of an F16 KV cache work directly.
 #include "common.cuh"
 
-// ---- mat-vec (decode): b.ne1 <= 8. One warp per row m of a; the warp reads the row once and
-// accumulates all (up to 8) dot products, so the weights stream through exactly once. With
-// `vec` (rows contiguous, 16-byte aligned, K % 8 == 0; checked by the host) each lane reads 8
-// elements per step with 16-byte loads.
+// ---- mat-vec (decode): b.ne1 <= 8. `tpr` threads (a power of two <= 32, set by the host from K)
+// share one row m of a, so a warp covers 32 / tpr rows: short rows (the K = head_dim rows of an
+// attention product over a KV cache) keep every lane busy, long rows (weights) get a whole warp.
+// The row is read once and all (up to 8) dot products accumulate from it, so the weights stream
+// through exactly once. With `vec` (rows contiguous, 16-byte aligned, K % 8 == 0; checked by the
+// host) each thread reads 8 elements per 16-byte load, four loads in flight.
 #define MMV_NMAX 8
 
 template <class TA, class TB>
 __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
                                          const char* b, const TDesc& bd, int vec) {
-    const int lane = threadIdx.x;
+    const int tpr = blockDim.x, lane = threadIdx.x;
     const i64 m = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
-    if (m >= d.ne[0]) return;  // whole warp leaves together: m is uniform per warp
+    // Rows past the end still run (with no loads) so every lane reaches the shuffles below.
+    const bool live = m < d.ne[0];
     const i64 r2 = bd.ne[2] / ad.ne[2], r3 = bd.ne[3] / ad.ne[3];
-    const char* arow = a + m * ad.nb[1] + (i2 / r2) * ad.nb[2] + (i3 / r3) * ad.nb[3];
+    const char* arow = a + (live ? m : 0) * ad.nb[1] + (i2 / r2) * ad.nb[2] + (i3 / r3) * ad.nb[3];
     const char* bb = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int N = (int)d.ne[1];
-    const i64 K = ad.ne[0];
+    const i64 K = live ? ad.ne[0] : 0;
     float acc[MMV_NMAX];
 #pragma unroll
     for (int n = 0; n < MMV_NMAX; ++n) acc[n] = 0.0f;
     if (vec) {
         const i64 chunks = K / 8;
-#pragma unroll 2
-        for (i64 c = lane; c < chunks; c += 32) {
+#pragma unroll 4
+        for (i64 c = lane; c < chunks; c += tpr) {
             float av[8];
             ld8<TA>(arow + c * 8 * (i64)sizeof(TA), av);
 #pragma unroll
@@ -42,7 +45,7 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
         }
     } else {
 #pragma unroll 4
-        for (i64 k = lane; k < K; k += 32) {
+        for (i64 k = lane; k < K; k += tpr) {
             const float av = ld<TA>(arow + k * ad.nb[0]);
 #pragma unroll
             for (int n = 0; n < MMV_NMAX; ++n) {
@@ -53,8 +56,9 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 #pragma unroll
     for (int n = 0; n < MMV_NMAX; ++n) {
         if (n < N) {
-            const float v = warp_sum(acc[n]);
-            if (lane == 0) *(float*)(dst + m * d.nb[0] + n * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
+            float v = acc[n];
+            for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (live && lane == 0) *(float*)(dst + m * d.nb[0] + n * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
         }
     }
 }

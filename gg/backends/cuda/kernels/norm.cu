@@ -27,10 +27,79 @@ __device__ __forceinline__ float operand_at(const Operand& o, i64 i0, i64 n) {
     return ld_dt(o.row + (o.ne0 == n ? i0 : i0 % o.ne0) * o.nb0, o.dt);
 }
 
+// The register path: thread t holds chunks t, t + blockDim.x, ... (8 elements each, at most
+// NORM_REG_CHUNKS of them), so the row is read once with all its loads in flight and never
+// touches shared memory. wvec: the weight and bias rows are F32, full length and 16-byte aligned.
+#define NORM_REG_CHUNKS 4
+
+template <bool RMS, class T>
+__device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, float eps, const Operand& wo,
+                                          const Operand& co, int wvec, float* sh) {
+    const i64 chunks = n / 8;
+    float v[NORM_REG_CHUNKS][8];
+    float s = 0.0f, ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_REG_CHUNKS; ++j) {
+        const i64 k = threadIdx.x + (i64)j * blockDim.x;
+        if (k < chunks) {
+            ld8<T>(xrow + k * 8 * (i64)sizeof(T), v[j]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                s += v[j][i];
+                ss += v[j][i] * v[j][i];
+            }
+        }
+    }
+    float mean = 0.0f, var;
+    if (RMS) {
+        var = block_sum(ss, sh) / (float)n;
+    } else {
+        mean = block_sum(s, sh) / (float)n;
+        float q = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_REG_CHUNKS; ++j) {
+            if (threadIdx.x + (i64)j * blockDim.x < chunks) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) q += (v[j][i] - mean) * (v[j][i] - mean);
+            }
+        }
+        var = block_sum(q, sh) / (float)n;
+    }
+    const float inv = 1.0f / sqrtf(var + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REG_CHUNKS; ++j) {
+        const i64 k = threadIdx.x + (i64)j * blockDim.x;
+        if (k >= chunks) continue;
+        float y[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) y[i] = (v[j][i] - mean) * inv;
+        if (wvec) {
+            float t[8];
+            if (wo.row) {
+                ld8<float>(wo.row + k * 32, t);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) y[i] *= t[i];
+            }
+            if (co.row) {
+                ld8<float>(co.row + k * 32, t);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) y[i] += t[i];
+            }
+        } else {
+#pragma unroll 1
+            for (int i = 0; i < 8; ++i) {
+                if (wo.row) y[i] *= operand_at(wo, k * 8 + i, n);
+                if (co.row) y[i] += operand_at(co, k * 8 + i, n);
+            }
+        }
+        st8<T>(drow + k * 8 * (i64)sizeof(T), y);
+    }
+}
+
 template <bool RMS, class T>
 __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd, float eps,
                                           const char* w, const TDesc& wd, int wdt, const char* c,
-                                          const TDesc& cd, int cdt, int cache, int vec) {
+                                          const TDesc& cd, int cdt, int cache, int vec, int wvec) {
     extern __shared__ float row[];
     __shared__ float sh[32];
     i64 i1, i2, i3;
@@ -40,6 +109,11 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
     const i64 n = d.ne[0];
     const i64 chunks = n / 8;
 
+    if (vec && !cache && chunks <= NORM_REG_CHUNKS * (i64)blockDim.x) {
+        norm_regs<RMS, T>(drow, xrow, n, eps, operand_row(w, wd, wdt, i1, i2, i3),
+                          operand_row(c, cd, cdt, i1, i2, i3), wvec, sh);
+        return;
+    }
     // Pass 1: one read of the row (into shared memory when cached): sum and sum of squares.
     float s = 0.0f, ss = 0.0f;
     if (vec) {
@@ -117,8 +191,8 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
 #define GG_NORM(NAME, RMS, T, S)                                                                     \
     extern "C" __global__ void NAME##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps,    \
                                           const char* w, TDesc wd, int wdt, const char* c, TDesc cd, \
-                                          int cdt, int cache, int vec) {                            \
-        norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec);                   \
+                                          int cdt, int cache, int vec, int wvec) {                  \
+        norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec, wvec);             \
     }
 
 GG_NORM(rms_norm, true, float, f32)

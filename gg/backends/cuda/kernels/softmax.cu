@@ -4,7 +4,9 @@
 // soft_max_ext: cx = scale, post = 1, slope = ALiBi slope of head i2 (1 without max_bias);
 // scale -> add -> soft_max: cx = s, slope = 1, post = soft_max's scale; scale -> diag_mask_inf ->
 // soft_max: cx = s, n_past, post = soft_max's scale. A fully masked row gives zeros (as the CPU).
-// One block per row; the row's t values are cached in dynamic shared memory when they fit.
+// One block per row. soft_max_f32 caches the row's t values in dynamic shared memory when they
+// fit (any length); soft_max_r<NPT>_f32 keeps NPT values per thread in registers (rows up to
+// NPT * blockDim.x), with 16-byte loads and stores when the host says the rows allow it (`vec`).
 #include "common.cuh"
 
 extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc xd, const char* m, TDesc md,
@@ -58,3 +60,103 @@ extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc
         *(float*)(drow + i0 * d.nb[0]) = e * inv;
     }
 }
+
+// Registers instead of shared memory: thread t owns elements t*4 + q (+ g * 4 * blockDim.x) with
+// vec, else t + j * blockDim.x. One global read of x and the mask, one write of y.
+template <int NPT>
+__device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const char* x, const TDesc& xd,
+                                             const char* m, const TDesc& md, int mdt, float cx, float post,
+                                             int n_past, float max_bias, float m0, float m1, int n_head_log2,
+                                             int vec) {
+    __shared__ float sh[32];
+    i64 i1, i2, i3;
+    row_index(blockIdx.x, d, i1, i2, i3);
+    const char* xrow = x + row_offs(xd, i1, i2, i3);
+    char* drow = dst + row_offs(d, i1, i2, i3);
+    const i64 n = d.ne[0];
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    float slope = 1.0f;
+    if (max_bias > 0.0f) {
+        const int h = (int)i2;
+        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    }
+    const char* mrow = m ? m + row_offs(md, i1 % md.ne[1], i2 % md.ne[2], i3 % md.ne[3]) : nullptr;
+    const bool mfull = md.ne[0] == n;
+    const i64 limit = n_past >= 0 ? (i64)n_past + i1 : n;  // causal: columns past this are masked
+
+    // slot j -> column: with vec, thread t owns columns 4t..4t+3 of each 4*blockDim.x wide group
+    auto col = [&](int j) -> i64 {
+        return vec ? ((j / 4) * (i64)blockDim.x + threadIdx.x) * 4 + (j % 4) : j * (i64)blockDim.x + threadIdx.x;
+    };
+    float v[NPT];
+    if (vec) {  // n % 4 == 0 and rows 16-byte aligned: a group is either all in or all out
+#pragma unroll
+        for (int g = 0; g < NPT / 4; ++g) {
+            const i64 i0 = col(4 * g);
+            if (i0 < n) {
+                const V16 q = *(const V16*)(xrow + i0 * 4);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) v[4 * g + k] = __uint_as_float(q.w[k]);
+            }
+        }
+    }
+    float mx = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < NPT; ++j) {
+        const i64 i0 = col(j);
+        float t = NEG_INF;
+        if (i0 < n) {
+            t = cx * (vec ? v[j] : ld<float>(xrow + i0 * xd.nb[0]));
+            if (mrow) t += slope * ld_dt(mrow + (mfull ? i0 : i0 % md.ne[0]) * md.nb[0], mdt);
+            if (i0 > limit) t = NEG_INF;
+            t *= post;
+        }
+        v[j] = t;
+        mx = fmaxf(mx, t);
+    }
+    mx = block_max(mx, sh);
+    if (mx == NEG_INF) {  // fully masked row
+#pragma unroll
+        for (int j = 0; j < NPT; ++j) v[j] = 0.0f;
+    } else {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NPT; ++j) {
+            v[j] = expf(v[j] - mx);  // padding slots are -inf: they add 0
+            sum += v[j];
+        }
+        const float inv = 1.0f / block_sum(sum, sh);
+#pragma unroll
+        for (int j = 0; j < NPT; ++j) v[j] *= inv;
+    }
+    if (vec) {
+#pragma unroll
+        for (int g = 0; g < NPT / 4; ++g) {
+            const i64 i0 = col(4 * g);
+            if (i0 < n) {
+                V16 q;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) q.w[k] = __float_as_uint(v[4 * g + k]);
+                *(V16*)(drow + i0 * 4) = q;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NPT; ++j) {
+            const i64 i0 = col(j);
+            if (i0 < n) *(float*)(drow + i0 * d.nb[0]) = v[j];
+        }
+    }
+}
+
+#define GG_SOFTMAX_REG(NPT)                                                                                  \
+    extern "C" __global__ void soft_max_r##NPT##_f32(char* dst, TDesc d, const char* x, TDesc xd,            \
+                                                     const char* m, TDesc md, int mdt, float cx, float post, \
+                                                     int n_past, float max_bias, float m0, float m1,         \
+                                                     int n_head_log2, int vec) {                             \
+        soft_max_reg<NPT>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2, vec); \
+    }
+GG_SOFTMAX_REG(4)
+GG_SOFTMAX_REG(8)
+GG_SOFTMAX_REG(16)
+GG_SOFTMAX_REG(32)

@@ -1,5 +1,5 @@
 // Elementwise ops of one source, same dtype in and out: scale, silu, gelu (tanh), diag_mask_inf.
-// Same launch shape as binary.cu (block (tx, ty), one row per y-slice).
+// Same launch shape and `vec` path as binary.cu.
 #include "common.cuh"
 
 enum { OP_SCALE = 0, OP_SILU = 1, OP_GELU = 2, OP_DIAG_MASK_INF = 3 };
@@ -17,7 +17,7 @@ template <int OP> __device__ __forceinline__ float unop(float x, float s, i64 i0
 
 template <int OP, class T>
 __device__ __forceinline__ void unary_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
-                                           float s, int n_past) {
+                                           float s, int n_past, int vec) {
     const i64 rows = d.ne[1] * d.ne[2] * d.ne[3];
     const i64 r = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) return;
@@ -25,15 +25,26 @@ __device__ __forceinline__ void unary_impl(char* dst, const TDesc& d, const char
     row_index(r, d, i1, i2, i3);
     char* drow = dst + row_offs(d, i1, i2, i3);
     const char* arow = a + row_offs(ad, i1, i2, i3);
-    for (i64 i0 = threadIdx.x; i0 < d.ne[0]; i0 += blockDim.x) {
+    const i64 start = (i64)blockIdx.y * blockDim.x + threadIdx.x, stride = (i64)gridDim.y * blockDim.x;
+    if (vec) {
+        for (i64 c = start; c < d.ne[0] / 8; c += stride) {
+            float x[8];
+            ld8<T>(arow + c * 8 * (i64)sizeof(T), x);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = unop<OP>(x[i], s, c * 8 + i, i1, n_past);
+            st8<T>(drow + c * 8 * (i64)sizeof(T), x);
+        }
+        return;
+    }
+    for (i64 i0 = start; i0 < d.ne[0]; i0 += stride) {
         st<T>(drow + i0 * d.nb[0], unop<OP>(ld<T>(arow + i0 * ad.nb[0]), s, i0, i1, n_past));
     }
 }
 
 #define GG_UNARY(NAME, OP, T, S)                                                                   \
     extern "C" __global__ void NAME##_##S(char* dst, TDesc d, const char* a, TDesc ad, float s,    \
-                                          int n_past) {                                           \
-        unary_impl<OP, T>(dst, d, a, ad, s, n_past);                                               \
+                                          int n_past, int vec) {                                  \
+        unary_impl<OP, T>(dst, d, a, ad, s, n_past, vec);                                          \
     }
 
 #define GG_UNARY_T(NAME, OP) GG_UNARY(NAME, OP, float, f32) GG_UNARY(NAME, OP, f16, f16) GG_UNARY(NAME, OP, bf16, bf16)
