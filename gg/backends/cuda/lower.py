@@ -92,11 +92,15 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
 MMV_BLOCK = 128  # threads per mat-vec block
 
 
+MMV_BATCH = 4    # kernels/mul_mat.cu: 16-byte loads a thread issues before using them
+
+
 def mmv_threads_per_row(work: int) -> int:
-    """Threads sharing one mat-vec row: enough for `work` loads (8-element chunks, or elements),
-    at most a warp, at least 4 (a power of two, so a row never straddles two warps)."""
+    """Threads sharing one mat-vec row: enough that each has about MMV_BATCH of the row's `work`
+    loads (8-element chunks, or elements), at most a warp, at least 4 (a power of two, so a row
+    never straddles two warps)."""
     t = 4
-    while t < 32 and t < work:
+    while t < 32 and t * MMV_BATCH < work:
         t *= 2
     return t
 
@@ -169,8 +173,11 @@ def _soft_max(rt, step, what: str) -> Launch:
     n = out.ne[0]
     npt = softmax_values_per_thread(n)
     if npt:  # the row lives in registers
-        vec = (n % 4 == 0 and x.nb[0] == 4 and out.nb[0] == 4 and all(
-            t.nb[i] % 16 == 0 for t in (x, out) for i in (1, 2, 3)) and addr(x) % 16 == 0 and addr(out) % 16 == 0)
+        def rows16(t: Tensor) -> bool:
+            return t.nb[0] == 4 and addr(t) % 16 == 0 and all(t.nb[i] % 16 == 0 for i in (1, 2, 3))
+        vec = n % 4 == 0 and rows16(x) and rows16(out)
+        if vec and mask is not None and mask.dtype is F32 and mask.ne[0] == n and rows16(mask):
+            vec = 2  # the mask is read 16 bytes at a time too
         args.i32(int(vec))
         threads = max(32, (-(-n // npt) + 31) // 32 * 32)
         return Launch(rt, "softmax.cu", f"soft_max_r{npt}_f32", (_rows(out), 1, 1), (threads, 1, 1), args,

@@ -8,8 +8,9 @@
 // attention product over a KV cache) keep every lane busy, long rows (weights) get a whole warp.
 // The row is read once and all (up to 8) dot products accumulate from it, so the weights stream
 // through exactly once. With `vec` (rows contiguous, 16-byte aligned, K % 8 == 0; checked by the
-// host) each thread reads 8 elements per 16-byte load, four loads in flight.
+// host) each thread reads 8 elements per 16-byte load, MMV_BATCH loads in flight.
 #define MMV_NMAX 8
+#define MMV_BATCH 4  // kernels/../lower.py MMV_BATCH
 
 template <class TA, class TB>
 __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
@@ -28,18 +29,28 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 #pragma unroll
     for (int n = 0; n < MMV_NMAX; ++n) acc[n] = 0.0f;
     if (vec) {
+        // MMV_BATCH loads of a are issued before any of them is used: that many 16-byte requests
+        // per thread in flight is what keeps HBM busy (rows are short, warps are short-lived).
         const i64 chunks = K / 8;
-#pragma unroll 4
-        for (i64 c = lane; c < chunks; c += tpr) {
-            float av[8];
-            ld8<TA>(arow + c * 8 * (i64)sizeof(TA), av);
+        for (i64 c0 = lane; c0 < chunks; c0 += MMV_BATCH * tpr) {
+            float av[MMV_BATCH][8];
 #pragma unroll
-            for (int n = 0; n < MMV_NMAX; ++n) {
-                if (n < N) {
-                    float bv[8];
-                    ld8<TB>(bb + n * bd.nb[1] + c * 8 * (i64)sizeof(TB), bv);
+            for (int u = 0; u < MMV_BATCH; ++u) {
+                const i64 c = c0 + (i64)u * tpr;
+                if (c < chunks) ld8<TA>(arow + c * 8 * (i64)sizeof(TA), av[u]);
+            }
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[n] += av[i] * bv[i];
+            for (int u = 0; u < MMV_BATCH; ++u) {
+                const i64 c = c0 + (i64)u * tpr;
+                if (c >= chunks) break;
+#pragma unroll
+                for (int n = 0; n < MMV_NMAX; ++n) {
+                    if (n < N) {
+                        float bv[8];
+                        ld8<TB>(bb + n * bd.nb[1] + c * 8 * (i64)sizeof(TB), bv);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) acc[n] += av[u][i] * bv[i];
+                    }
                 }
             }
         }

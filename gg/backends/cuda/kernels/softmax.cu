@@ -88,7 +88,8 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
     auto col = [&](int j) -> i64 {
         return vec ? ((j / 4) * (i64)blockDim.x + threadIdx.x) * 4 + (j % 4) : j * (i64)blockDim.x + threadIdx.x;
     };
-    float v[NPT];
+    // vec == 2: the mask rows too are F32, full length and 16-byte aligned
+    float v[NPT], mv[NPT];
     if (vec) {  // n % 4 == 0 and rows 16-byte aligned: a group is either all in or all out
 #pragma unroll
         for (int g = 0; g < NPT / 4; ++g) {
@@ -97,6 +98,11 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
                 const V16 q = *(const V16*)(xrow + i0 * 4);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) v[4 * g + k] = __uint_as_float(q.w[k]);
+                if (vec == 2) {
+                    const V16 r = *(const V16*)(mrow + i0 * 4);
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) mv[4 * g + k] = __uint_as_float(r.w[k]);
+                }
             }
         }
     }
@@ -107,7 +113,8 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
         float t = NEG_INF;
         if (i0 < n) {
             t = cx * (vec ? v[j] : ld<float>(xrow + i0 * xd.nb[0]));
-            if (mrow) t += slope * ld_dt(mrow + (mfull ? i0 : i0 % md.ne[0]) * md.nb[0], mdt);
+            if (vec == 2) t += slope * mv[j];
+            else if (mrow) t += slope * ld_dt(mrow + (mfull ? i0 : i0 % md.ne[0]) * md.nb[0], mdt);
             if (i0 > limit) t = NEG_INF;
             t *= post;
         }
