@@ -56,11 +56,15 @@ def run(label: str, case, **patch) -> None:
 
 def main() -> None:
     print(f"copy roof (gg cont, 2 GiB): {copy_roof() / 1e9:.0f} GB/s")
+    if "--defaults" in sys.argv:  # each case once, with the lowering's current constants
+        for case in (case_matvec, case_kq, case_kqv, case_softmax, case_rms_norm, case_cpy):
+            run("defaults", case)
+        return
     for blk in (64, 128, 256, 512):
         for case in (case_matvec, case_kq, case_kqv):
             run(f"MMV_BLOCK={blk}", case, MMV_BLOCK=blk)
     for tpr in (8, 16, 32):
-        run(f"tpr={tpr}", case_kq, mmv_threads_per_row=lambda work, t=tpr: t)
+        run(f"tpr={tpr}", case_kq, mmv_threads_per_row=lambda work, batch, t=tpr: t)
     for mx in (64, 128, 256, 512, 1024):
         run(f"SOFTMAX_MAX_THREADS={mx}", case_softmax, SOFTMAX_MAX_THREADS=mx)
     for mt in (64, 128, 256, 512):

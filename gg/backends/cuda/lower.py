@@ -95,12 +95,12 @@ MMV_BLOCK = 128  # threads per mat-vec block
 MMV_BATCH = 4    # kernels/mul_mat.cu: 16-byte loads a thread issues before using them
 
 
-def mmv_threads_per_row(work: int) -> int:
-    """Threads sharing one mat-vec row: enough that each has about MMV_BATCH of the row's `work`
-    loads (8-element chunks, or elements), at most a warp, at least 4 (a power of two, so a row
-    never straddles two warps)."""
+def mmv_threads_per_row(work: int, batch: int) -> int:
+    """Threads sharing one mat-vec row: enough that each has about `batch` (at least 2) of the
+    row's `work` loads (8-element chunks, or elements), at most a warp, at least 4 (a power of
+    two, so a row never straddles two warps)."""
     t = 4
-    while t < 32 and t * MMV_BATCH < work:
+    while t < 32 and t * max(batch, 2) < work:
         t *= 2
     return t
 
@@ -209,14 +209,15 @@ def _mul_mat(rt, step, what: str):
     if path == "vec":
         vec = a.ne[0] % 8 == 0 and _aligned16(a) and _aligned16(b)
         args.i32(int(vec))
-        tpr = mmv_threads_per_row(a.ne[0] // 8 if vec else a.ne[0])
+        one = out.ne[1] == 1
+        tpr = mmv_threads_per_row(a.ne[0] // 8 if vec else a.ne[0], MMV_BATCH if one else 1)
         rows_per_block = MMV_BLOCK // tpr
         grid = ((out.ne[0] + rows_per_block - 1) // rows_per_block, batches, 1)
         block = (tpr, rows_per_block, 1)
     else:
         grid = ((out.ne[0] + 63) // 64, (out.ne[1] + 63) // 64, batches)
         block = (256, 1, 1)
-    name = f"mul_mat_{path}_{a.dtype.name}_{b.dtype.name}"
+    name = f"mul_mat_{path}{'1' if path == 'vec' and out.ne[1] == 1 else ''}_{a.dtype.name}_{b.dtype.name}"
     return Launch(rt, "mul_mat.cu", name, grid, block, args, what=what)
 
 

@@ -9,10 +9,12 @@
 // The row is read once and all (up to 8) dot products accumulate from it, so the weights stream
 // through exactly once. With `vec` (rows contiguous, 16-byte aligned, K % 8 == 0; checked by the
 // host) each thread reads 8 elements per 16-byte load, MMV_BATCH loads in flight.
+// Two builds: mul_mat_vec1_* for one column (decode proper: few registers, so the batched loads
+// fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
 #define MMV_NMAX 8
-#define MMV_BATCH 4  // kernels/../lower.py MMV_BATCH
+#define MMV_BATCH 4  // lower.py MMV_BATCH
 
-template <class TA, class TB>
+template <class TA, class TB, int NMAX, int BATCH>
 __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
                                          const char* b, const TDesc& bd, int vec) {
     const int tpr = blockDim.x, lane = threadIdx.x;
@@ -25,26 +27,26 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
     const char* bb = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int N = (int)d.ne[1];
     const i64 K = live ? ad.ne[0] : 0;
-    float acc[MMV_NMAX];
+    float acc[NMAX];
 #pragma unroll
-    for (int n = 0; n < MMV_NMAX; ++n) acc[n] = 0.0f;
+    for (int n = 0; n < NMAX; ++n) acc[n] = 0.0f;
     if (vec) {
-        // MMV_BATCH loads of a are issued before any of them is used: that many 16-byte requests
+        // BATCH loads of a are issued before any of them is used: that many 16-byte requests
         // per thread in flight is what keeps HBM busy (rows are short, warps are short-lived).
         const i64 chunks = K / 8;
-        for (i64 c0 = lane; c0 < chunks; c0 += MMV_BATCH * tpr) {
-            float av[MMV_BATCH][8];
+        for (i64 c0 = lane; c0 < chunks; c0 += BATCH * tpr) {
+            float av[BATCH][8];
 #pragma unroll
-            for (int u = 0; u < MMV_BATCH; ++u) {
+            for (int u = 0; u < BATCH; ++u) {
                 const i64 c = c0 + (i64)u * tpr;
                 if (c < chunks) ld8<TA>(arow + c * 8 * (i64)sizeof(TA), av[u]);
             }
 #pragma unroll
-            for (int u = 0; u < MMV_BATCH; ++u) {
+            for (int u = 0; u < BATCH; ++u) {
                 const i64 c = c0 + (i64)u * tpr;
                 if (c >= chunks) break;
 #pragma unroll
-                for (int n = 0; n < MMV_NMAX; ++n) {
+                for (int n = 0; n < NMAX; ++n) {
                     if (n < N) {
                         float bv[8];
                         ld8<TB>(bb + n * bd.nb[1] + c * 8 * (i64)sizeof(TB), bv);
@@ -59,13 +61,13 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
         for (i64 k = lane; k < K; k += tpr) {
             const float av = ld<TA>(arow + k * ad.nb[0]);
 #pragma unroll
-            for (int n = 0; n < MMV_NMAX; ++n) {
+            for (int n = 0; n < NMAX; ++n) {
                 if (n < N) acc[n] += av * ld<TB>(bb + n * bd.nb[1] + k * bd.nb[0]);
             }
         }
     }
 #pragma unroll
-    for (int n = 0; n < MMV_NMAX; ++n) {
+    for (int n = 0; n < NMAX; ++n) {
         if (n < N) {
             float v = acc[n];
             for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -140,7 +142,11 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
 #define GG_MM(TA, SA, TB, SB)                                                                             \
     extern "C" __global__ void mul_mat_vec_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,       \
                                                        const char* b, TDesc bd, int vec) {                \
-        mmv_impl<TA, TB>(dst, d, a, ad, b, bd, vec);                                                         \
+        mmv_impl<TA, TB, MMV_NMAX, 1>(dst, d, a, ad, b, bd, vec);                                         \
+    }                                                                                                     \
+    extern "C" __global__ void mul_mat_vec1_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,      \
+                                                        const char* b, TDesc bd, int vec) {               \
+        mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, vec);                                        \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \

@@ -27,24 +27,52 @@ __device__ __forceinline__ float operand_at(const Operand& o, i64 i0, i64 n) {
     return ld_dt(o.row + (o.ne0 == n ? i0 : i0 % o.ne0) * o.nb0, o.dt);
 }
 
-// The register path: thread t holds chunks t, t + blockDim.x, ... (8 elements each, at most
-// NORM_REG_CHUNKS of them), so the row is read once with all its loads in flight and never
-// touches shared memory. wvec: the weight and bias rows are F32, full length and 16-byte aligned.
+// The register path: the row is read once with all its loads in flight and never touches shared
+// memory. Thread t holds groups t, t + blockDim.x, ... of G elements, G being what one 16-byte
+// load brings (4 F32, 8 F16/BF16), so a warp's loads cover contiguous bytes; NORM_REG_CHUNKS * 8
+// elements per thread at most. wvec: the weight and bias rows are F32, full length, 16-byte aligned.
 #define NORM_REG_CHUNKS 4
+
+template <class T, int G> __device__ __forceinline__ void ldg(const char* p, float* v);
+template <> __device__ __forceinline__ void ldg<float, 4>(const char* p, float* v) {
+    const V16 a = *(const V16*)p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(a.w[i]);
+}
+template <> __device__ __forceinline__ void ldg<f16, 8>(const char* p, float* v) { ld8<f16>(p, v); }
+template <> __device__ __forceinline__ void ldg<bf16, 8>(const char* p, float* v) { ld8<bf16>(p, v); }
+
+template <class T, int G> __device__ __forceinline__ void stg(char* p, const float* v);
+template <> __device__ __forceinline__ void stg<float, 4>(char* p, const float* v) {
+    V16 a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.w[i] = __float_as_uint(v[i]);
+    *(V16*)p = a;
+}
+template <> __device__ __forceinline__ void stg<f16, 8>(char* p, const float* v) { st8<f16>(p, v); }
+template <> __device__ __forceinline__ void stg<bf16, 8>(char* p, const float* v) { st8<bf16>(p, v); }
+
+// G consecutive F32 values of a weight/bias row (16-byte aligned), as floats.
+template <int G> __device__ __forceinline__ void ldw(const char* p, float* v) {
+    if (G == 4) ldg<float, 4>(p, v);
+    else ld8<float>(p, v);
+}
 
 template <bool RMS, class T>
 __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, float eps, const Operand& wo,
                                           const Operand& co, int wvec, float* sh) {
-    const i64 chunks = n / 8;
-    float v[NORM_REG_CHUNKS][8];
+    constexpr int G = 16 / (int)sizeof(T);
+    constexpr int NG = NORM_REG_CHUNKS * 8 / G;
+    const i64 groups = n / G;
+    float v[NG][G];
     float s = 0.0f, ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < NORM_REG_CHUNKS; ++j) {
+    for (int j = 0; j < NG; ++j) {
         const i64 k = threadIdx.x + (i64)j * blockDim.x;
-        if (k < chunks) {
-            ld8<T>(xrow + k * 8 * (i64)sizeof(T), v[j]);
+        if (k < groups) {
+            ldg<T, G>(xrow + k * 16, v[j]);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < G; ++i) {
                 s += v[j][i];
                 ss += v[j][i] * v[j][i];
             }
@@ -57,42 +85,42 @@ __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, f
         mean = block_sum(s, sh) / (float)n;
         float q = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NORM_REG_CHUNKS; ++j) {
-            if (threadIdx.x + (i64)j * blockDim.x < chunks) {
+        for (int j = 0; j < NG; ++j) {
+            if (threadIdx.x + (i64)j * blockDim.x < groups) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) q += (v[j][i] - mean) * (v[j][i] - mean);
+                for (int i = 0; i < G; ++i) q += (v[j][i] - mean) * (v[j][i] - mean);
             }
         }
         var = block_sum(q, sh) / (float)n;
     }
     const float inv = 1.0f / sqrtf(var + eps);
 #pragma unroll
-    for (int j = 0; j < NORM_REG_CHUNKS; ++j) {
+    for (int j = 0; j < NG; ++j) {
         const i64 k = threadIdx.x + (i64)j * blockDim.x;
-        if (k >= chunks) continue;
-        float y[8];
+        if (k >= groups) continue;
+        float y[G];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) y[i] = (v[j][i] - mean) * inv;
+        for (int i = 0; i < G; ++i) y[i] = (v[j][i] - mean) * inv;
         if (wvec) {
-            float t[8];
+            float t[G];
             if (wo.row) {
-                ld8<float>(wo.row + k * 32, t);
+                ldw<G>(wo.row + k * G * 4, t);
 #pragma unroll
-                for (int i = 0; i < 8; ++i) y[i] *= t[i];
+                for (int i = 0; i < G; ++i) y[i] *= t[i];
             }
             if (co.row) {
-                ld8<float>(co.row + k * 32, t);
+                ldw<G>(co.row + k * G * 4, t);
 #pragma unroll
-                for (int i = 0; i < 8; ++i) y[i] += t[i];
+                for (int i = 0; i < G; ++i) y[i] += t[i];
             }
         } else {
 #pragma unroll 1
-            for (int i = 0; i < 8; ++i) {
-                if (wo.row) y[i] *= operand_at(wo, k * 8 + i, n);
-                if (co.row) y[i] += operand_at(co, k * 8 + i, n);
+            for (int i = 0; i < G; ++i) {
+                if (wo.row) y[i] *= operand_at(wo, k * G + i, n);
+                if (co.row) y[i] += operand_at(co, k * G + i, n);
             }
         }
-        st8<T>(drow + k * 8 * (i64)sizeof(T), y);
+        stg<T, G>(drow + k * 16, y);
     }
 }
 
