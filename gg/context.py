@@ -9,7 +9,7 @@ import numpy as np
 from . import dtypes
 from .buffer import HostBuffer
 from .dtypes import DType
-from .errors import BackendError, DTypeError, GGError, ShapeError
+from .errors import BackendError, DTypeError, GGError, OutOfMemoryError, ShapeError
 from .tensor import Flag, Tensor, check_castable, pad_ne
 
 BACKENDS = ("auto", "cpu", "cuda")
@@ -41,7 +41,12 @@ class Context:
             raise DTypeError(f"new_tensor: dtype must be gg.F32/F16/BF16/I32, got {dtype!r}")
         flags = Flag.INPUT | (Flag.PERSISTENT if persistent else Flag.NONE)
         t = Tensor(dtype, pad_ne(ne, "new_tensor"), name=name, flags=flags, ctx=self)
-        t.buffer = HostBuffer(t.nelements * dtype.size)
+        nbytes = t.nelements * dtype.size
+        try:
+            t.buffer = HostBuffer(nbytes)
+        except MemoryError:
+            raise OutOfMemoryError(f"new_tensor: cannot allocate {nbytes} bytes of host memory for "
+                                   f"{t.label()}", nbytes) from None
         t.home = None if self.backend == "auto" else self.backend
         self.tensors.add(t)
         return t

@@ -57,4 +57,5 @@ def encode(values: np.ndarray, dtype: DType) -> np.ndarray:
         return out
     if dtype is I32:
         return np.asarray(values).astype(np.int32)
-    return np.asarray(values).astype(dtype.storage)
+    with np.errstate(over="ignore"):  # F16 overflow to +-inf is IEEE's (and gg's) defined result
+        return np.asarray(values).astype(dtype.storage)

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import dtypes
 from .dtypes import DType
-from .errors import DTypeError, GGError, ShapeError
+from .errors import DTypeError, GGError, GraphError, ShapeError
 
 MAX_DIMS = 4
 
@@ -138,11 +138,11 @@ class Tensor:
     # ---- data ----------------------------------------------------------------------------
     def _storage(self):
         root = self.root
+        if root.ctx is not None and getattr(root.ctx, "freed", False):
+            raise GraphError(f"tensor {self.label()} belongs to a freed context")
         if root.buffer is None:
             what = "has no data yet: compute a graph that contains it first" if root.op else "has no storage"
-            raise GGError(f"tensor {self.label()} {what}")
-        if root.ctx is not None and getattr(root.ctx, "freed", False):
-            raise GGError(f"tensor {self.label()} belongs to a freed context")
+            raise GraphError(f"tensor {self.label()} {what}")
         return root.buffer, root.offset
 
     def _raw_view(self, raw: np.ndarray, lo: int) -> np.ndarray:

@@ -8,6 +8,7 @@ Two halves:
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any, Protocol, Sequence
 
 from ..dtypes import DType
@@ -52,6 +53,8 @@ class Backend(Protocol):
 
 _MODULES = {"cpu": "gg.backends.cpu", "cuda": "gg.backends.cuda"}
 _instances: dict[str, Backend] = {}
+log = logging.getLogger("gg")
+_fallback_logged = False  # the "no GPU, computing on the CPU" line is logged once per process
 
 
 def register(name: str, module: str) -> None:
@@ -83,8 +86,23 @@ def available(name: str) -> bool:
 
 
 def default_priority() -> tuple[str, ...]:
-    """CUDA first when a GPU is usable here, CPU always last."""
-    return ("cuda", "cpu") if available("cuda") else ("cpu",)
+    """CUDA first when a GPU is usable here, CPU always last. Without a usable GPU, the first
+    call logs one line on the "gg" logger saying why: a warning when cuda-python is installed
+    (a driver or GPU is missing), info on a CPU-only install."""
+    global _fallback_logged
+    if available("cuda"):
+        return ("cuda", "cpu")
+    if not _fallback_logged:
+        _fallback_logged = True
+        try:
+            cuda = get("cuda")
+            reason, installed = getattr(cuda, "unavailable_reason", ""), getattr(cuda, "installed", True)
+        except BackendError as e:
+            reason, installed = str(e), False
+        log.log(logging.WARNING if installed else logging.INFO,
+                "gg: no usable CUDA GPU (%s); computing on the CPU backend (pass backends=('cpu',) to "
+                "choose it explicitly)", reason or "unknown reason")
+    return ("cpu",)
 
 
 def synchronize() -> None:

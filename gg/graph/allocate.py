@@ -3,7 +3,11 @@
 An intermediate's bytes are reused once its last reader ran; a single-op elementwise step may
 write over its first source in place when that source dies there with an identical layout.
 Leaves, views, graph outputs and persistent tensors are never reused, nor is a tensor that is
-the output of another graph (its value must survive this graph's run)."""
+the output of another graph (its value must survive this graph's run).
+
+With `guard` > 0 (GG_DEBUG_GUARDS=1, see guards.py) every block gets `guard` spare bytes before
+and after the tensor, so sentinels can sit there; offsets stay 256-aligned. `blocks` records every
+block's life (first and last step) either way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,6 +59,24 @@ class Arena:
         self.free = merged
 
 
+@dataclass(eq=False)
+class Block:
+    """Arena bytes [offset, offset + nbytes) of `backend`, alive from step `first` to step `last`
+    (inclusive). `tensors` are (step, tensor) in the order they occupy it (in-place steps add)."""
+
+    backend: str
+    offset: int
+    nbytes: int
+    first: int
+    last: int
+    tensors: list[tuple[int, Tensor]]
+
+    def tensor_at(self, step: int) -> Tensor:
+        """The tensor that holds the block during `step`."""
+        held = [t for i, t in self.tensors if i <= step]
+        return held[-1] if held else self.tensors[0][1]
+
+
 @dataclass
 class Allocation:
     offsets: dict[Tensor, tuple[str, int]]  # root tensor -> (backend, byte offset in its arena)
@@ -62,13 +84,15 @@ class Allocation:
     naive_bytes: dict[str, int]             # what one buffer per tensor would take
     inplace: dict[Tensor, Tensor]           # out -> the source whose bytes it reuses
     reused: frozenset[Tensor] = frozenset()  # intermediates whose bytes something else takes later
+    blocks: tuple[Block, ...] = ()           # every block's life, in the order they were taken
+    guard: int = 0                           # spare bytes on each side of every block (guards.py)
 
 
 def _size(t: Tensor) -> int:
     return t.nelements * t.dtype.size  # allocated tensors are contiguous
 
 
-def allocate(steps: Sequence[Step], outputs: Sequence[Tensor]) -> Allocation:
+def allocate(steps: Sequence[Step], outputs: Sequence[Tensor], guard: int = 0) -> Allocation:
     keep = {o.root for o in outputs}
     keep |= {s.out for s in steps if Flag.OUTPUT in s.out.flags and s.out.view_src is None}
     owned = [s.out for s in steps if s.out.view_src is None]  # tensors that need arena memory
@@ -82,11 +106,13 @@ def allocate(steps: Sequence[Step], outputs: Sequence[Tensor]) -> Allocation:
     offsets: dict[Tensor, tuple[str, int]] = {}
     naive: dict[str, int] = {}
     inplace: dict[Tensor, Tensor] = {}
+    guard = _align(guard) if guard > 0 else 0
+    blocks: dict[Tensor, Block] = {}  # tensor -> the block holding it
     for i, s in enumerate(steps):
         out = s.out
         if out in mine:
             arena = arenas.setdefault(s.backend, Arena(s.backend))
-            naive[s.backend] = naive.get(s.backend, 0) + _align(_size(out))
+            naive[s.backend] = naive.get(s.backend, 0) + _align(_size(out) + 2 * guard)
             src0 = s.srcs(out)[0] if out.src else None
             if (len(s.ops) == 1 and info(s.ops[0]).inplace and src0 is not None and src0.view_src is None
                     and src0 in offsets and src0 not in keep and last_use.get(src0) == i
@@ -96,13 +122,19 @@ def allocate(steps: Sequence[Step], outputs: Sequence[Tensor]) -> Allocation:
                 offsets[out] = offsets[src0]
                 inplace[out] = src0
                 last_use[src0] = -1  # ownership moves to out
+                blocks[out] = blocks[src0]
+                blocks[out].tensors.append((i, out))
             else:
-                offsets[out] = (s.backend, arena.take(_size(out)))
+                off = arena.take(_size(out) + 2 * guard) + guard
+                offsets[out] = (s.backend, off)
+                blocks[out] = Block(s.backend, off, _size(out), i, len(steps) - 1, [(i, out)])
             if out not in last_use and out not in keep:
                 last_use[out] = i  # never read: free right away
         for t in {t.root for t in s.inputs} | ({out} if out in mine else set()):
             if t in mine and t not in keep and last_use.get(t) == i:
                 be, off = offsets[t]
-                arenas[be].give(off, _size(t))
+                arenas[be].give(off - guard, _size(t) + 2 * guard)
+                blocks[t].last = i
     reused = frozenset(t for t in offsets if t not in keep)
-    return Allocation(offsets, {b: a.size for b, a in arenas.items()}, naive, inplace, reused)
+    return Allocation(offsets, {b: a.size for b, a in arenas.items()}, naive, inplace, reused,
+                      tuple(dict.fromkeys(blocks.values())), guard)

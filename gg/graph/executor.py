@@ -1,7 +1,14 @@
-"""Execute a plan: bind memory once (leaf migration, arenas), then run prepared segments."""
+"""Execute a plan: bind memory once (leaf migration, arenas), then run prepared segments.
+
+One compute of a plan runs at a time (a per-executor lock), and a backend that is not safe to
+drive from several threads at once exposes a `lock` that is held around every compute using it
+(CUDA: one stream and a per-thread driver context). In guard mode (guards.py) every step is its
+own segment, synchronized and checked after it runs."""
 from __future__ import annotations
 
+import contextlib
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -9,6 +16,7 @@ import numpy as np
 from ..backends import base
 from ..errors import BackendError, GraphError
 from ..tensor import Flag, Tensor
+from .guards import Guards
 from .plan import Plan
 from .step import Step
 
@@ -46,6 +54,18 @@ class Executor:
         self.arenas: dict[str, object] = {}
         self.contexts: set = set()  # of the leaves: a freed one makes every later run an error
         self.shared: list = []  # (tensor, (backend, offset)) outputs of any graph: re-bound each run
+        self.guards: Guards | None = None
+        self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """This plan's lock, then the locks of the backends it runs on (always in name order)."""
+        with self._lock, contextlib.ExitStack() as stack:
+            for name in sorted(self.used):
+                lock = getattr(base.get(name), "lock", None)
+                if lock is not None:
+                    stack.enter_context(lock)
+            yield
 
     def _bind(self) -> None:
         for name in self.used:
@@ -62,18 +82,21 @@ class Executor:
         for t, (name, off) in self.plan.alloc.offsets.items():
             t.buffer, t.offset = self.arenas[name], off
         self.shared = [(t, where) for t, where in self.plan.alloc.offsets.items() if Flag.OUTPUT in t.flags]
-        self.segments = []
+        guarded = self.plan.alloc.guard > 0
+        segments: list = []
         run: list[Step] = []
         for step in self.plan.steps + [None]:  # type: ignore[operator]
-            if run and (step is None or step.ops == ("transfer",) or step.backend != run[0].backend):
-                self.segments.append(base.get(run[0].backend).prepare(run))
+            if run and (step is None or step.ops == ("transfer",) or step.backend != run[0].backend or guarded):
+                segments.append(base.get(run[0].backend).prepare(run))
                 run = []
             if step is None:
                 break
             if step.ops == ("transfer",):
-                self.segments.append(_Transfer(step))
+                segments.append(_Transfer(step))
             else:
                 run.append(step)
+        self.guards = Guards(self.plan, self.arenas) if guarded else None
+        self.segments = segments  # only now: a bind that failed half-way is redone by the next run
 
     @staticmethod
     def _migrate(root: Tensor) -> None:
@@ -90,16 +113,21 @@ class Executor:
         """Run the plan `repeat` times, timing every step on its backend (a backend's runnable
         times its own steps: CUDA with events); returns a `Profile` of median times."""
         from .profile import Profile
-        self.run(sync=True)  # binds memory, compiles, warms caches
-        samples: list[list[float]] = []
-        for _ in range(max(1, repeat)):
-            times: list[float] = []
-            for seg in self.segments:
-                times.extend(seg.timed_run())
-            samples.append(times)
+        with self._locked():
+            self.run(sync=True)  # binds memory, compiles, warms caches
+            samples: list[list[float]] = []
+            for _ in range(max(1, repeat)):
+                times: list[float] = []
+                for seg in self.segments:
+                    times.extend(seg.timed_run())
+                samples.append(times)
         return Profile(self.plan, [statistics.median(col) for col in zip(*samples)])
 
     def run(self, sync: bool = True) -> None:
+        with self._locked():
+            self._run(sync)
+
+    def _run(self, sync: bool) -> None:
         for c in self.contexts:  # kernels hold raw addresses: never let them touch freed memory
             if c.freed:
                 raise GraphError("compute: a leaf of this graph belongs to a freed context; rebuild "
@@ -109,8 +137,19 @@ class Executor:
         else:  # outputs may have been re-bound by another graph that shares them
             for r, (name, off) in self.shared:
                 r.buffer, r.offset = self.arenas[name], off
+        if self.guards is not None:
+            self._run_guarded()
+            return
         for seg in self.segments:
             seg.run()
         if sync:
             for name in self.used:
                 base.get(name).synchronize()
+
+    def _run_guarded(self) -> None:
+        """Guard mode: one step per segment; arm its new blocks' guards, run, wait, check."""
+        for i, (step, seg) in enumerate(zip(self.plan.steps, self.segments)):
+            self.guards.arm(i)
+            seg.run()
+            base.get(step.backend).synchronize()
+            self.guards.check(i)

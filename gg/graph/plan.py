@@ -45,7 +45,8 @@ class Plan:
         arenas = ", ".join(f"{b} {_mib(n)} (naive {_mib(self.alloc.naive_bytes.get(b, 0))})"
                            for b, n in self.alloc.arena_bytes.items()) or "none"
         return (f"{len(self.steps)} steps, {len(fused)} fused groups ({sum(len(s.ops) for s in fused)} ops), "
-                f"{transfers} transfers, {casts} casts inserted; arenas: {arenas}")
+                f"{transfers} transfers, {casts} casts inserted; arenas: {arenas}"
+                + (f"; {self.alloc.guard}-byte guards (GG_DEBUG_GUARDS)" if self.alloc.guard else ""))
 
     def __str__(self) -> str:
         rows = [("#", "ops", "backend", "kernel", "out", "bytes", "mem")]

@@ -5,6 +5,7 @@ from ..backends import base
 from .allocate import allocate
 from .assign import assign
 from .fuse import fuse
+from .guards import guard_bytes
 from .insert import insert
 from .plan import Plan
 
@@ -17,4 +18,4 @@ def make_plan(graph) -> Plan:
     if graph.fuse:
         steps = fuse(steps, graph.nodes, graph.outputs)
     steps = insert(steps)
-    return Plan(steps, allocate(steps, graph.outputs), tuple(priority), list(graph.outputs))
+    return Plan(steps, allocate(steps, graph.outputs, guard=guard_bytes()), tuple(priority), list(graph.outputs))

@@ -6,6 +6,7 @@ a CUDA plan can be built and printed on any machine. The runtime half (`alloc`, 
 """
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 from ...dtypes import DType
@@ -13,13 +14,20 @@ from ...errors import BackendError
 from ...tensor import Tensor
 from . import support
 
+# Held around everything that touches the driver (runtime.py) and, by the executor, around each
+# compute of a plan with CUDA steps: gg drives one stream from whichever thread computes, and
+# the driver context is made current in that thread under this lock.
+LOCK = threading.RLock()
+
 
 class CUDABackend:
     name = "cuda"
+    lock = LOCK
 
     def __init__(self) -> None:
         self._available: bool | None = None
         self.unavailable_reason = ""
+        self.installed = True  # cuda-python importable (else a CPU-only install: no warning)
 
     # ---- planning (no device) ----------------------------------------------------------------
     def available(self) -> bool:
@@ -38,6 +46,7 @@ class CUDABackend:
                 self._available = True
             except Exception as e:  # ImportError, driver missing, no GPU, NVRTC missing
                 self._available, self.unavailable_reason = False, str(e) or type(e).__name__
+                self.installed = not isinstance(e, ImportError)
         return self._available
 
     def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:

@@ -2,8 +2,10 @@
 
 The first `run()` captures every launch of the segment into a CUDA graph (addresses are fixed
 once memory is bound, so the graph stays valid for the plan's life) and later runs replay it
-with one driver call. `GG_NO_CUDA_GRAPH=1` turns capture off; a capture the driver refuses
-falls back to plain launches, once and for good.
+with one driver call. `GG_NO_CUDA_GRAPH=1` turns capture off, and so does guard mode
+(`GG_DEBUG_GUARDS=1`, where the executor runs and checks one step at a time); a capture the
+driver refuses falls back to plain launches, once and for good. Every entry point holds the
+runtime's lock with the context current in the calling thread (`rt.enter()`).
 """
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ class Program:
     def __init__(self, rt, steps: Sequence):
         self.rt = rt
         self.steps = list(steps)
-        rt.make_current()
-        self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
+        self.graph_exec = None
+        with rt.enter():
+            self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
         self.records = [r for rs in self.per_step for r in rs]
         self.names = [f"{'+'.join(s.ops)} ({s.kernel})" for s in self.steps]
         del self.names[64:]  # enough to find a faulting kernel; bounded for huge plans
-        self.use_graph = os.environ.get("GG_NO_CUDA_GRAPH", "") != "1" and len(self.records) > 1
-        self.graph_exec = None
+        self.use_graph = (os.environ.get("GG_NO_CUDA_GRAPH", "") != "1" and len(self.records) > 1
+                          and os.environ.get("GG_DEBUG_GUARDS", "") not in ("1", "true", "yes"))
         self.graph_error: str | None = None
 
     def _launch_all(self) -> None:
@@ -34,6 +37,10 @@ class Program:
             r()
 
     def run(self) -> None:
+        with self.rt.enter():
+            self._run()
+
+    def _run(self) -> None:
         self.rt.in_flight.extend(self.names)
         if len(self.rt.in_flight) > 256:  # many runs without a sync: keep the latest
             del self.rt.in_flight[:-64]
@@ -83,6 +90,10 @@ class Program:
 
     def timed_run(self) -> list[float]:
         """Each step's device time in seconds, measured with events around its launches."""
+        with self.rt.enter():
+            return self._timed_run()
+
+    def _timed_run(self) -> list[float]:
         rt = self.rt
         flags = cu.CUevent_flags.CU_EVENT_DEFAULT
         events = [check(cu.cuEventCreate(flags), "cuEventCreate")[0] for _ in range(len(self.steps) + 1)]
@@ -105,6 +116,7 @@ class Program:
     def __del__(self) -> None:
         if self.graph_exec is not None and cu is not None:
             try:
-                cu.cuGraphExecDestroy(self.graph_exec)
+                with self.rt.enter():
+                    cu.cuGraphExecDestroy(self.graph_exec)
             except Exception:
                 pass

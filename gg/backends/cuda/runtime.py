@@ -4,16 +4,19 @@ Everything goes through `cuda.bindings.driver` (imported here only, lazily by th
 importing gg and planning never needs a GPU. Every driver error becomes a `gg.BackendError` that
 says what was being done; an allocation that fails for lack of memory is `gg.OutOfMemoryError`
 with the bytes asked for, and the process stays usable.
+
+Threads: every driver call here runs under `LOCK` (gg.backends.cuda.LOCK, re-entrant) with the
+context made current in the calling thread first (`Runtime.enter()`), so gg can be used from any
+thread and two threads never interleave on the stream (e.g. during a CUDA graph capture).
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from ...errors import BackendError, OutOfMemoryError
-from . import compiler
+from . import LOCK, compiler
 
 try:  # the runtime half is only imported by code that already checked `available()`
     from cuda.bindings import driver as cu
@@ -32,6 +35,21 @@ def check(result: Any, what: str) -> tuple:
         name = name.decode() if isinstance(name, bytes) else str(name)
         raise BackendError(f"cuda: {what} failed: {name} ({int(err)})")
     return rest
+
+
+class _Release:
+    """What `Runtime.enter()` returns: leaving the `with` block releases LOCK."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        LOCK.release()
+
+
+_RELEASE = _Release()
 
 
 class Runtime:
@@ -71,11 +89,26 @@ class Runtime:
     def make_current(self) -> None:
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
+    def enter(self) -> "_Release":
+        """Take LOCK and make the context current in this thread: `with rt.enter(): ...`
+        (a plain acquire, not a generator context manager: this sits on the launch path)."""
+        LOCK.acquire()
+        try:
+            self.make_current()
+        except BaseException:
+            LOCK.release()
+            raise
+        return _RELEASE
+
     # ---- memory ----------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> "DeviceBuffer":
         return DeviceBuffer(self, nbytes)
 
     def synchronize(self, what: str = "running the plan") -> None:
+        with self.enter():
+            self._synchronize(what)
+
+    def _synchronize(self, what: str) -> None:
         steps, self.in_flight = self.in_flight, []
         if steps:
             shown = "; ".join(steps[-8:]) + (f" (and {len(steps) - 8} earlier)" if len(steps) > 8 else "")
@@ -91,6 +124,10 @@ class Runtime:
     # ---- code ------------------------------------------------------------------------------
     def function(self, file: str, name: str) -> Any:
         """The kernel `name` of kernels/<file>, compiled for this device's arch on first use."""
+        with self.enter():
+            return self._function(file, name)
+
+    def _function(self, file: str, name: str) -> Any:
         fn = self._functions.get(name)
         if fn is None:
             mod = self._modules.get(file)
@@ -117,7 +154,8 @@ class DeviceBuffer:
         self.rt = rt
         self.nbytes = int(nbytes)
         self.ptr = 0
-        err, ptr = cu.cuMemAlloc(max(self.nbytes, 1))
+        with rt.enter():
+            err, ptr = cu.cuMemAlloc(max(self.nbytes, 1))
         if int(err) == int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
             raise OutOfMemoryError(f"cuda: out of device memory allocating {self.nbytes} bytes on {rt.name}",
                                    self.nbytes)
@@ -128,8 +166,9 @@ class DeviceBuffer:
         self._bounds(offset, nbytes)
         out = np.empty(nbytes, np.uint8)
         if nbytes:
-            self.rt.synchronize("reading a tensor")
-            check(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, nbytes), "copying device -> host")
+            with self.rt.enter():
+                self.rt.synchronize("reading a tensor")
+                check(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, nbytes), "copying device -> host")
         return out
 
     def write(self, offset: int, data: np.ndarray) -> None:
@@ -137,8 +176,9 @@ class DeviceBuffer:
         self._bounds(offset, data.size)
         if data.size:
             # The stream may still run kernels that read these bytes: wait, then copy.
-            check(cu.cuStreamSynchronize(self.rt.stream), "cuStreamSynchronize (before a write)")
-            check(cu.cuMemcpyHtoD(self.ptr + offset, data.ctypes.data, data.size), "copying host -> device")
+            with self.rt.enter():
+                check(cu.cuStreamSynchronize(self.rt.stream), "cuStreamSynchronize (before a write)")
+                check(cu.cuMemcpyHtoD(self.ptr + offset, data.ctypes.data, data.size), "copying host -> device")
 
     def _bounds(self, offset: int, nbytes: int) -> None:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
@@ -148,8 +188,9 @@ class DeviceBuffer:
         ptr, self.ptr = self.ptr, 0
         if ptr and cu is not None:
             try:
-                cu.cuStreamSynchronize(self.rt.stream)  # kernels in flight may still use it
-                cu.cuMemFree(ptr)
+                with self.rt.enter():
+                    cu.cuStreamSynchronize(self.rt.stream)  # kernels in flight may still use it
+                    cu.cuMemFree(ptr)
             except Exception:
                 pass  # interpreter shutdown
 
@@ -157,14 +198,13 @@ class DeviceBuffer:
         return f"DeviceBuffer({self.nbytes} B at {self.ptr:#x})"
 
 
-_lock = threading.Lock()
 _runtime: Runtime | None = None
 
 
 def get() -> Runtime:
     """The process-wide runtime, created on first use."""
     global _runtime
-    with _lock:
+    with LOCK:
         if _runtime is None:
             _runtime = Runtime()
         return _runtime
