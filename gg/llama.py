@@ -110,7 +110,9 @@ NORMS = ("attn_norm", "ffn_norm")  # kept in F32, as ggml does
 
 @dataclass
 class LayerWeights:
-    """One layer's weight tensors (leaves). Matrices have ggml ne (in, out)."""
+    """One layer's weight tensors. Matrices have ggml ne (in, out). `wq`, `wk` and `wv` are views
+    of one leaf `wqkv` (their rows stacked), so the block computes Q, K and V with one mul_mat: one
+    pass over the activations and one kernel where three would each pay a launch and a tail."""
 
     attn_norm: Tensor
     wq: Tensor
@@ -121,6 +123,7 @@ class LayerWeights:
     w_gate: Tensor
     w_up: Tensor
     w_down: Tensor
+    wqkv: Tensor | None = None
 
 
 class Weights:
@@ -154,9 +157,18 @@ class Weights:
                 if a.shape != shape:
                     raise ShapeError(f"llama.Weights: layer {il} weight '{name}' must have numpy shape {shape} "
                                      f"(PyTorch Linear layout (out, in)), got {a.shape}")
+                if name in ("wq", "wk", "wv"):
+                    continue  # stored stacked, below
                 dtype = F32 if name in NORMS else cfg.wtype
                 tensors[name] = ctx.tensor(a, name=f"blk{il}.{name}", dtype=dtype)
-            layers.append(LayerWeights(**tensors))
+            wqkv = ctx.tensor(np.concatenate([np.asarray(layer[k]) for k in ("wq", "wk", "wv")]),
+                              name=f"blk{il}.wqkv", dtype=cfg.wtype)
+            e, g = cfg.n_embd, cfg.n_embd_gqa
+            row = wqkv.nb[1]
+            tensors["wq"] = ops.view_2d(wqkv, e, e, row, 0)
+            tensors["wk"] = ops.view_2d(wqkv, e, g, row, e * row)
+            tensors["wv"] = ops.view_2d(wqkv, e, g, row, (e + g) * row)
+            layers.append(LayerWeights(**tensors, wqkv=wqkv))
         return cls(cfg, ctx, layers)
 
     @classmethod
@@ -177,8 +189,8 @@ class Weights:
 
     def numpy(self) -> list[dict[str, np.ndarray]]:
         """The stored values (after rounding to wtype) as float64 arrays in PyTorch layout, per layer."""
-        return [{f.name: getattr(lw, f.name).numpy().astype(np.float64) for f in fields(LayerWeights)}
-                for lw in self.layers]
+        return [{f.name: getattr(lw, f.name).numpy().astype(np.float64) for f in fields(LayerWeights)
+                 if f.name != "wqkv"} for lw in self.layers]
 
 
 def _check_room(cfg: Config, n_past: int, n_tokens: int) -> None:
@@ -339,9 +351,18 @@ def attention_block(gf: Graph, cfg: Config, w: LayerWeights, cache: KVCache, il:
         raise ShapeError(f"llama.attention_block: layer {il} out of range for n_layer={cfg.n_layer}")
     T, hd, nh, nkv = batch.n_tokens, cfg.head_dim, cfg.n_head, cfg.n_head_kv
     cur = ops.mul(ops.rms_norm(x, cfg.eps), w.attn_norm)        # fuses: rms_norm+mul
-    q = ops.reshape(ops.mul_mat(w.wq, cur), hd, nh, T)
-    k = ops.reshape(ops.mul_mat(w.wk, cur), hd, nkv, T)
-    v = ops.mul_mat(w.wv, cur)                                    # (n_embd_gqa, T)
+    if w.wqkv is not None:  # one product, then views: rows [q | k | v] of every token's column
+        qkv = ops.mul_mat(w.wqkv, cur)                            # (n_embd + 2 n_embd_gqa, T)
+        f, col = qkv.dtype.size, qkv.nb[1]
+        q = ops.view_3d(qkv, hd, nh, T, hd * f, col, 0)
+        k = ops.view_3d(qkv, hd, nkv, T, hd * f, col, cfg.n_embd * f)
+        v = ops.view_2d(qkv, cfg.n_embd_gqa, T, col, (cfg.n_embd + cfg.n_embd_gqa) * f)
+    else:  # separately built LayerWeights without the stacked leaf
+        q = ops.reshape(ops.mul_mat(w.wq, cur), hd, nh, T)
+        k = ops.reshape(ops.mul_mat(w.wk, cur), hd, nkv, T)
+        v = ops.mul_mat(w.wv, cur)                                # (n_embd_gqa, T)
+    if not v.is_contiguous():
+        v = ops.cont(v)  # the cache writes below reshape it
     rope = dict(n_dims=hd, mode=cfg.rope_mode, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
     q = ops.rope(q, batch.pos, **rope)
     k = ops.rope(k, batch.pos, **rope)

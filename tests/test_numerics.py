@@ -107,11 +107,7 @@ def test_softmax_nan_and_inf_rows(backends, rng):
     assert np.all(np.isnan(y[:4])) and np.all(np.isfinite(y[4:]))
 
 
-@pytest.mark.parametrize("backends", [
-    pytest.param(CPU, id="cpu"),
-    pytest.param(CUDA, id="cuda", marks=[pytest.mark.cuda, pytest.mark.xfail(
-        strict=True, reason="softmax.cu takes the row max with fmaxf, which drops NaN: a row of only NaN "
-        "(and -inf) looks fully masked and gives zeros instead of NaN")])])
+@pytest.mark.parametrize("backends", BACKENDS)
 def test_softmax_row_of_only_nan_and_neg_inf_is_nan(backends):
     x = np.zeros((3, 8), np.float32)
     x[0] = np.nan

@@ -46,13 +46,13 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     if op in ("add", "sub", "mul", "div"):
         a, b = srcs
         vec = vec_rows(out, a, b)
-        grid, block = rows_config(out.ne[0] // 8 if vec else out.ne[0], _rows(out), split=True)
+        grid, block = rows_config(out.ne[0] // group(a, b) if vec else out.ne[0], _rows(out), split=True)
         args = Args().tensor(out).tensor(a).tensor(b).i32(int(vec))
         return [Launch(rt, "binary.cu", f"{op}_{a.dtype.name}_{b.dtype.name}", grid, block, args, what=what)]
     if op in ("scale", "silu", "gelu", "diag_mask_inf"):
         (a,) = srcs
         vec = vec_rows(out, a)
-        grid, block = rows_config(out.ne[0] // 8 if vec else out.ne[0], _rows(out), split=True)
+        grid, block = rows_config(out.ne[0] // group(a) if vec else out.ne[0], _rows(out), split=True)
         s = out.params.s if op == "scale" else 0.0
         n_past = out.params.n_past if op == "diag_mask_inf" else 0
         args = Args().tensor(out).tensor(a).f32(s).i32(n_past).i32(int(vec))
@@ -80,7 +80,7 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         a = srcs[0]
         same = a.ne == out.ne
         vec = same and vec_rows(out, a)
-        grid, block = rows_config(out.ne[0] // 8 if vec else out.ne[0], _rows(out), split=True)
+        grid, block = rows_config(out.ne[0] // group(a, out) if vec else out.ne[0], _rows(out), split=True)
         args = Args().tensor(out).tensor(a).i32(int(same)).i32(int(vec))
         name = "cpy_i32_i32" if a.dtype is I32 else f"cpy_{a.dtype.name}_{out.dtype.name}"
         return [Launch(rt, "cpy.cu", name, grid, block, args, what=what)]
@@ -103,6 +103,11 @@ def mmv_threads_per_row(work: int, batch: int) -> int:
     while t < 32 and t * max(batch, 2) < work:
         t *= 2
     return t
+
+
+def group(*ts: Tensor) -> int:
+    """Elements per vectorized access (kernels/common.cuh Group): 16 bytes of the widest operand."""
+    return 16 // max(t.dtype.size for t in ts)
 
 
 def _aligned16(t: Tensor) -> bool:

@@ -11,6 +11,7 @@ thread and two threads never interleave on the stream (e.g. during a CUDA graph 
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,7 @@ class Runtime:
             raise BackendError("cuda: no CUDA device on this machine")
         (self.device,) = check(cu.cuDeviceGet(0), "cuDeviceGet")
         (self.context,) = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self._tls = threading.local()
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         A = cu.CUdevice_attribute
         (major,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "attr")
@@ -87,7 +89,13 @@ class Runtime:
         self.in_flight: list[str] = []
 
     def make_current(self) -> None:
+        # Once per thread: cuCtxSetCurrent through the bindings costs microseconds, and enter()
+        # runs on every compute. gg only ever uses the device's primary context, which other
+        # libraries in the process (PyTorch) share, so a thread's current context stays valid.
+        if getattr(self._tls, "current", False):
+            return
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._tls.current = True
 
     def enter(self) -> "_Release":
         """Take LOCK and make the context current in this thread: `with rt.enter(): ...`
@@ -175,10 +183,12 @@ class DeviceBuffer:
         data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self._bounds(offset, data.size)
         if data.size:
-            # The stream may still run kernels that read these bytes: wait, then copy.
+            # Enqueued on the backend stream: it lands after every kernel enqueued before it (which
+            # may still read these bytes) and before every later one, with no host-side wait. From
+            # pageable memory the driver stages `data` before returning, so the caller may reuse it.
             with self.rt.enter():
-                check(cu.cuStreamSynchronize(self.rt.stream), "cuStreamSynchronize (before a write)")
-                check(cu.cuMemcpyHtoD(self.ptr + offset, data.ctypes.data, data.size), "copying host -> device")
+                check(cu.cuMemcpyHtoDAsync(self.ptr + offset, data.ctypes.data, data.size, self.rt.stream),
+                      "copying host -> device")
 
     def _bounds(self, offset: int, nbytes: int) -> None:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:

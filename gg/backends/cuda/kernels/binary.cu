@@ -1,7 +1,7 @@
 // add / sub / mul / div with ggml's broadcast: src1 repeats over src0 (indices modulo src1.ne).
 // Launch: block (tx, ty), each y-slice of the block handles one row of dst (rows over dims 1..3),
-// a long row shared by gridDim.y blocks. `vec`: 8 elements per 16-byte access (host-checked:
-// contiguous aligned rows of equal length, a multiple of 8).
+// a long row shared by gridDim.y blocks. `vec`: Group<TA, TB>::G elements per access (host-
+// checked: contiguous 16-byte aligned rows of equal length, a multiple of 8).
 #include "common.cuh"
 
 enum { OP_ADD = 0, OP_SUB = 1, OP_MUL = 2, OP_DIV = 3 };
@@ -26,13 +26,14 @@ __device__ __forceinline__ void binary_impl(char* dst, const TDesc& d, const cha
     const char* brow = b + row_offs(bd, i1 % bd.ne[1], i2 % bd.ne[2], i3 % bd.ne[3]);
     const i64 start = (i64)blockIdx.y * blockDim.x + threadIdx.x, stride = (i64)gridDim.y * blockDim.x;
     if (vec) {
-        for (i64 c = start; c < d.ne[0] / 8; c += stride) {
-            float x[8], y[8];
-            ld8<TA>(arow + c * 8 * (i64)sizeof(TA), x);
-            ld8<TB>(brow + c * 8 * (i64)sizeof(TB), y);
+        constexpr int G = Group<TA, TB>::G;
+        for (i64 c = start; c < d.ne[0] / G; c += stride) {
+            float x[G], y[G];
+            ldg<TA, G>(arow + c * G * (i64)sizeof(TA), x);
+            ldg<TB, G>(brow + c * G * (i64)sizeof(TB), y);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) x[i] = binop<OP>(x[i], y[i]);
-            st8<TA>(drow + c * 8 * (i64)sizeof(TA), x);
+            for (int i = 0; i < G; ++i) x[i] = binop<OP>(x[i], y[i]);
+            stg<TA, G>(drow + c * G * (i64)sizeof(TA), x);
         }
         return;
     }

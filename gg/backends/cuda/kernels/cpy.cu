@@ -2,7 +2,7 @@
 // tensor's logical (ne[0]-fastest) order, so ne and nb may differ on both sides. Block (tx, ty):
 // one dst row per y-slice, a long row shared by gridDim.y blocks. When the shapes are equal the
 // source row is addressed directly (and with `vec`, host-checked contiguous aligned rows of a
-// multiple of 8, moved 8 elements per access); otherwise every element's flat index is
+// multiple of 8, moved Group<TS, TD>::G elements per access); otherwise every element's flat index is
 // re-decomposed by src.ne.
 #include "common.cuh"
 
@@ -18,14 +18,15 @@ __device__ __forceinline__ void cpy_impl(char* dst, const TDesc& d, const char* 
     const char* srow = s + row_offs(sd, i1, i2, i3);
     const i64 start = (i64)blockIdx.y * blockDim.x + threadIdx.x, stride = (i64)gridDim.y * blockDim.x;
     if (vec) {  // RAW (I32) moves bits through float registers: no arithmetic touches them
-        for (i64 c = start; c < d.ne[0] / 8; c += stride) {
-            float v[8];
+        constexpr int G = Group<TS, TD>::G;
+        for (i64 c = start; c < d.ne[0] / G; c += stride) {
+            float v[G];
             if (RAW) {
-                ld8<float>(srow + c * 32, v);
-                st8<float>(drow + c * 32, v);
+                ldg<float, 4>(srow + c * 16, v);
+                stg<float, 4>(drow + c * 16, v);
             } else {
-                ld8<TS>(srow + c * 8 * (i64)sizeof(TS), v);
-                st8<TD>(drow + c * 8 * (i64)sizeof(TD), v);
+                ldg<TS, G>(srow + c * G * (i64)sizeof(TS), v);
+                stg<TD, G>(drow + c * G * (i64)sizeof(TD), v);
             }
         }
         return;

@@ -33,25 +33,6 @@ __device__ __forceinline__ float operand_at(const Operand& o, i64 i0, i64 n) {
 // elements per thread at most. wvec: the weight and bias rows are F32, full length, 16-byte aligned.
 #define NORM_REG_CHUNKS 4
 
-template <class T, int G> __device__ __forceinline__ void ldg(const char* p, float* v);
-template <> __device__ __forceinline__ void ldg<float, 4>(const char* p, float* v) {
-    const V16 a = *(const V16*)p;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(a.w[i]);
-}
-template <> __device__ __forceinline__ void ldg<f16, 8>(const char* p, float* v) { ld8<f16>(p, v); }
-template <> __device__ __forceinline__ void ldg<bf16, 8>(const char* p, float* v) { ld8<bf16>(p, v); }
-
-template <class T, int G> __device__ __forceinline__ void stg(char* p, const float* v);
-template <> __device__ __forceinline__ void stg<float, 4>(char* p, const float* v) {
-    V16 a;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a.w[i] = __float_as_uint(v[i]);
-    *(V16*)p = a;
-}
-template <> __device__ __forceinline__ void stg<f16, 8>(char* p, const float* v) { st8<f16>(p, v); }
-template <> __device__ __forceinline__ void stg<bf16, 8>(char* p, const float* v) { st8<bf16>(p, v); }
-
 // G consecutive F32 values of a weight/bias row (16-byte aligned), as floats.
 template <int G> __device__ __forceinline__ void ldw(const char* p, float* v) {
     if (G == 4) ldg<float, 4>(p, v);

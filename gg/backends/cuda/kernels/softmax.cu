@@ -41,7 +41,7 @@ extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc
     for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
         const float v = value(i0);
         if (cache) row[i0] = v;
-        mx = fmaxf(mx, v);
+        mx = max_nan(mx, v);
     }
     mx = block_max(mx, sh);
     if (mx == NEG_INF) {  // fully masked row
@@ -119,7 +119,7 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
             t *= post;
         }
         v[j] = t;
-        mx = fmaxf(mx, t);
+        mx = max_nan(mx, t);
     }
     mx = block_max(mx, sh);
     if (mx == NEG_INF) {  // fully masked row

@@ -27,12 +27,13 @@ __device__ __forceinline__ void unary_impl(char* dst, const TDesc& d, const char
     const char* arow = a + row_offs(ad, i1, i2, i3);
     const i64 start = (i64)blockIdx.y * blockDim.x + threadIdx.x, stride = (i64)gridDim.y * blockDim.x;
     if (vec) {
-        for (i64 c = start; c < d.ne[0] / 8; c += stride) {
-            float x[8];
-            ld8<T>(arow + c * 8 * (i64)sizeof(T), x);
+        constexpr int G = Group<T>::G;
+        for (i64 c = start; c < d.ne[0] / G; c += stride) {
+            float x[G];
+            ldg<T, G>(arow + c * G * (i64)sizeof(T), x);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) x[i] = unop<OP>(x[i], s, c * 8 + i, i1, n_past);
-            st8<T>(drow + c * 8 * (i64)sizeof(T), x);
+            for (int i = 0; i < G; ++i) x[i] = unop<OP>(x[i], s, c * G + i, i1, n_past);
+            stg<T, G>(drow + c * G * (i64)sizeof(T), x);
         }
         return;
     }
