@@ -264,6 +264,7 @@ class Batch:
         else:
             self.n_kv = n_past + T
         self.mask = ctx.new_tensor(F32, (self.n_kv, T), name="inp_mask") if mask == "input" else None
+        self._cols = self._v_base = None  # bind()'s constant index arrays, made on first use
 
     @classmethod
     def fixed(cls, cfg: Config, ctx: Context, n_tokens: int, n_past: int, mask: str = "input") -> "Batch":
@@ -289,16 +290,19 @@ class Batch:
         if not self.is_indexed and n_past != self.n_past:
             raise ShapeError(f"llama.Batch: this graph was built for n_past={self.n_past}, got {n_past}")
         T, n_ctx, E = self.n_tokens, self.cfg.n_ctx, self.cfg.n_embd_gqa
-        rows = n_past + np.arange(T, dtype=np.int64)
-        _set(self.pos, rows.astype(np.int32))
+        rows = n_past + np.arange(T, dtype=np.int32)
+        _set(self.pos, rows)
         if self.mask is not None:
             # token t (at position n_past + t) sees cache rows 0..n_past + t; later or unwritten rows: -inf
-            cols = np.arange(self.n_kv)[None, :]
-            _set(self.mask, np.where(cols <= rows[:, None], 0.0, -np.inf).astype(np.float32))
+            if self._cols is None:
+                self._cols = np.arange(self.n_kv, dtype=np.int32)
+            _set(self.mask, np.where(self._cols[None, :] <= rows[:, None], np.float32(0), np.float32(-np.inf)))
         if self.is_indexed:
-            _set(self.k_idx, rows.astype(np.int32))
+            _set(self.k_idx, rows)
             # V is transposed: value e of token t lives at element e * n_ctx + row_t of the cache.
-            _set(self.v_idx, (np.arange(E)[None, :] * n_ctx + rows[:, None]).reshape(-1).astype(np.int32))
+            if self._v_base is None:
+                self._v_base = np.arange(E, dtype=np.int32) * np.int32(n_ctx)
+            _set(self.v_idx, (self._v_base[None, :] + rows[:, None]).reshape(-1))
 
 
 # ---- graph builders -------------------------------------------------------------------------

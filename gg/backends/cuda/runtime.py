@@ -66,6 +66,7 @@ class Runtime:
         (self.device,) = check(cu.cuDeviceGet(0), "cuDeviceGet")
         (self.context,) = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         self._tls = threading.local()
+        self._staging = None
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         A = cu.CUdevice_attribute
         (major,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "attr")
@@ -109,6 +110,13 @@ class Runtime:
         return _RELEASE
 
     # ---- memory ----------------------------------------------------------------------------
+    def staging(self):
+        """The pinned ring small host -> device writes go through (created on first use)."""
+        if self._staging is None:
+            from .staging import Staging
+            self._staging = Staging(self)
+        return self._staging
+
     def alloc(self, nbytes: int) -> "DeviceBuffer":
         return DeviceBuffer(self, nbytes)
 
@@ -187,8 +195,9 @@ class DeviceBuffer:
             # may still read these bytes) and before every later one, with no host-side wait. From
             # pageable memory the driver stages `data` before returning, so the caller may reuse it.
             with self.rt.enter():
-                check(cu.cuMemcpyHtoDAsync(self.ptr + offset, data.ctypes.data, data.size, self.rt.stream),
-                      "copying host -> device")
+                if not self.rt.staging().copy(self.ptr + offset, data):  # small writes: pinned ring
+                    check(cu.cuMemcpyHtoDAsync(self.ptr + offset, data.ctypes.data, data.size, self.rt.stream),
+                          "copying host -> device")
 
     def _bounds(self, offset: int, nbytes: int) -> None:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
