@@ -161,6 +161,66 @@ template <> __device__ __forceinline__ void stg<bf16, 4>(char* p, const float* v
     *(V8*)p = a;
 }
 
+// Streaming (evict-first) 16-byte load and store, for data touched exactly once (the rows of a
+// norm or softmax, weight rows of a mat-vec): they leave L1 to the operands every block re-reads
+// (a norm's weight row, a mat-vec's vector), which otherwise come back from L2 per block.
+__device__ __forceinline__ V16 ld16_cs(const char* p) {
+    V16 a;
+    asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a.w[0]), "=r"(a.w[1]), "=r"(a.w[2]), "=r"(a.w[3]) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void st16_cs(char* p, const V16& a) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"(a.w[0]), "r"(a.w[1]), "r"(a.w[2]), "r"(a.w[3]) : "memory");
+}
+
+// 16 bytes <-> 16 / sizeof(T) floats.
+template <class T> __device__ __forceinline__ void unpack16(const V16& a, float* v);
+template <> __device__ __forceinline__ void unpack16<float>(const V16& a, float* v) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(a.w[i]);
+}
+template <> __device__ __forceinline__ void unpack16<f16>(const V16& a, float* v) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = h2f((u16)(a.w[i] & 0xffffu));
+        v[2 * i + 1] = h2f((u16)(a.w[i] >> 16));
+    }
+}
+template <> __device__ __forceinline__ void unpack16<bf16>(const V16& a, float* v) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(a.w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(a.w[i] & 0xffff0000u);
+    }
+}
+template <class T> __device__ __forceinline__ V16 pack16(const float* v);
+template <> __device__ __forceinline__ V16 pack16<float>(const float* v) {
+    V16 a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.w[i] = __float_as_uint(v[i]);
+    return a;
+}
+template <> __device__ __forceinline__ V16 pack16<f16>(const float* v) {
+    V16 a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.w[i] = (unsigned)f2h(v[2 * i]) | ((unsigned)f2h(v[2 * i + 1]) << 16);
+    return a;
+}
+template <> __device__ __forceinline__ V16 pack16<bf16>(const float* v) {
+    V16 a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.w[i] = (unsigned)f2bf(v[2 * i]) | ((unsigned)f2bf(v[2 * i + 1]) << 16);
+    return a;
+}
+
+// Eight consecutive elements, streamed (see ld16_cs).
+template <class T> __device__ __forceinline__ void ld8_cs(const char* p, float* v) {
+    unpack16<T>(ld16_cs(p), v);
+    if (sizeof(T) == 4) unpack16<T>(ld16_cs(p + 16), v + 4);
+}
+
 // Elements per vectorized access for a kernel whose operands have element sizes S1, S2.
 template <class A, class B = A> struct Group { static constexpr int G = (sizeof(A) == 4 || sizeof(B) == 4) ? 4 : 8; };
 

@@ -39,7 +39,7 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
                 const i64 c = c0 + (i64)u * tpr;
-                if (c < chunks) ld8<TA>(arow + c * 8 * (i64)sizeof(TA), av[u]);
+                if (c < chunks) ld8_cs<TA>(arow + c * 8 * (i64)sizeof(TA), av[u]);
             }
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {

@@ -51,7 +51,7 @@ __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, f
     for (int j = 0; j < NG; ++j) {
         const i64 k = threadIdx.x + (i64)j * blockDim.x;
         if (k < groups) {
-            ldg<T, G>(xrow + k * 16, v[j]);
+            unpack16<T>(ld16_cs(xrow + k * 16), v[j]);
 #pragma unroll
             for (int i = 0; i < G; ++i) {
                 s += v[j][i];
@@ -101,7 +101,7 @@ __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, f
                 if (co.row) y[i] += operand_at(co, k * G + i, n);
             }
         }
-        stg<T, G>(drow + k * 16, y);
+        st16_cs(drow + k * 16, pack16<T>(y));
     }
 }
 

@@ -95,7 +95,7 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
         for (int g = 0; g < NPT / 4; ++g) {
             const i64 i0 = col(4 * g);
             if (i0 < n) {
-                const V16 q = *(const V16*)(xrow + i0 * 4);
+                const V16 q = ld16_cs(xrow + i0 * 4);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) v[4 * g + k] = __uint_as_float(q.w[k]);
                 if (vec == 2) {
@@ -144,7 +144,7 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
                 V16 q;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) q.w[k] = __float_as_uint(v[4 * g + k]);
-                *(V16*)(drow + i0 * 4) = q;
+                st16_cs(drow + i0 * 4, q);
             }
         }
     } else {
