@@ -26,7 +26,7 @@ class Staging:
         self.ptr = int(ptr)
         self.host = np.ctypeslib.as_array((ctypes.c_uint8 * SIZE).from_address(self.ptr))
         self.head = 0
-        self.pending: deque = deque()  # (start, end, event) in stream order
+        self.pending: deque = deque()  # (position, event) in stream order
         self.spare: list = []
 
     def copy(self, dst: int, data: np.ndarray) -> bool:
@@ -35,28 +35,28 @@ class Staging:
         if n > MAX_WRITE:
             return False
         span = (n + ALIGN - 1) // ALIGN * ALIGN
-        if self.head + span > SIZE:
-            self.head = 0
-        start, end = self.head, self.head + span
-        self._wait_for(start, end)
+        if self.head % SIZE + span > SIZE:
+            self.head += SIZE - self.head % SIZE  # skip the ring's tail: the write stays in one piece
+        start = self.head % SIZE
+        self._wait_for(self.head + span - SIZE)
         self.host[start:start + n] = data
         check(cu.cuMemcpyHtoDAsync(dst, self.ptr + start, n, self.rt.stream), "copying host -> device")
         ev = self.spare.pop() if self.spare else check(
             cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")[0]
         check(cu.cuEventRecord(ev, self.rt.stream), "cuEventRecord (staging)")
-        self.pending.append((start, end, ev))
-        self.head = end
+        self.pending.append((self.head, ev))
+        self.head += span
         return True
 
-    def _wait_for(self, start: int, end: int) -> None:
-        """Block until no pending copy still reads [start, end). Copies complete in stream order,
-        so waiting on the last overlapping one retires every copy before it too."""
-        last = -1
-        for i, (s, e, _) in enumerate(self.pending):
-            if s < end and start < e:
-                last = i
-        if last < 0:
-            return
-        check(cu.cuEventSynchronize(self.pending[last][2]), "waiting for a staged copy")
-        for _ in range(last + 1):
-            self.spare.append(self.pending.popleft()[2])
+    def _wait_for(self, limit: int) -> None:
+        """Block until every copy from ring bytes written before stream position `limit` (head and
+        entries count bytes ever staged, so position p sits at p % SIZE) has been performed. Copies
+        complete in stream order: waiting on the last such copy retires all of them."""
+        last = None
+        while self.pending and self.pending[0][0] < limit:
+            if last is not None:
+                self.spare.append(last)
+            last = self.pending.popleft()[1]
+        if last is not None:
+            check(cu.cuEventSynchronize(last), "waiting for a staged copy")
+            self.spare.append(last)
