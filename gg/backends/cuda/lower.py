@@ -61,7 +61,7 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         x, pos = srcs
         p = out.params
         work = p.n_dims // 2 + (out.ne[0] - p.n_dims)
-        grid, block = block_per_row(work, _rows(out), 256)
+        grid, block = rows_config(work, _rows(out))
         args = (Args().tensor(out).tensor(x).ptr(addr(pos)).i64(pos.nb[0]).i32(p.n_dims).i32(p.mode)
                 .f64(math.log2(p.freq_base)).f64(p.freq_scale))
         return [Launch(rt, "rope.cu", f"rope_{out.dtype.name}", grid, block, args, what=what)]

@@ -1,5 +1,6 @@
 // Rotary position embedding, ggml's NORMAL (pairs 2i, 2i+1) and NEOX (pairs i, i + n_dims/2) modes.
-// One block per row (i1 = head, i2 = token, i3); dims >= n_dims pass through. The angle is built
+// One y-slice of the block per row (i1 = head, i2 = token, i3): head_dim rows are short, and a
+// block per row spent more on its own start-up than on the row. Dims >= n_dims pass through. The angle is built
 // in double (positions reach thousands of radians, where a float angle loses ~1e-4 of accuracy),
 // reduced to [-pi, pi] in double, and only then handed to the float sincosf: a double sincos and
 // pow per element made this kernel compute-bound at a quarter of the memory roof.
@@ -9,8 +10,10 @@ template <class T>
 __device__ __forceinline__ void rope_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd,
                                           const char* pos, i64 pos_nb0, int n_dims, int mode,
                                           double log2_base, double freq_scale) {
+    const i64 r = (i64)blockIdx.x * blockDim.y + threadIdx.y;  // blockDim.y rows per block
+    if (r >= d.ne[1] * d.ne[2] * d.ne[3]) return;
     i64 i1, i2, i3;
-    row_index(blockIdx.x, d, i1, i2, i3);
+    row_index(r, d, i1, i2, i3);
     const char* xrow = x + row_offs(xd, i1, i2, i3);
     char* drow = dst + row_offs(d, i1, i2, i3);
     const int half = n_dims / 2;
