@@ -19,6 +19,7 @@ SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
 NORM_CACHE_BYTES = 48 * 1024
 NORM_REG_CHUNKS = 4    # kernels/norm.cu: 8-element chunks a thread keeps in registers
 NORM_MIN_THREADS = 128
+NORM_ROWS_PER_BLOCK = 4  # rows a block takes when it stages the weight row in shared memory
 
 
 def _rows(t: Tensor) -> int:
@@ -139,14 +140,21 @@ def _norm(rt, step, what: str) -> Launch:
     wvec = all(t.dtype is F32 and t.ne[0] == n and _aligned16(t) for t in operands)
     regs = vec and n // 8 <= NORM_REG_CHUNKS * 1024
     cache = not regs and n * 4 <= NORM_CACHE_BYTES
-    args.i32(int(cache)).i32(int(vec)).i32(int(wvec))
+    # One weight (and bias) row for all rows: a block stages it in shared memory and takes
+    # NORM_ROWS_PER_BLOCK rows.
+    staged = len(operands) * n * 4
+    wsm = (regs and wvec and operands and _rows(out) > 1 and staged <= NORM_CACHE_BYTES
+           and all(t.ne[1] * t.ne[2] * t.ne[3] == 1 for t in operands))
+    args.i32(int(cache)).i32(int(vec)).i32(int(wvec)).i32(int(wsm))
     if regs:  # at most NORM_REG_CHUNKS chunks per thread, at least NORM_MIN_THREADS threads
         threads = max(min(NORM_MIN_THREADS, n // 8), -(-(n // 8) // NORM_REG_CHUNKS))
-        grid, block = block_per_row(threads, _rows(out), 1024)
+        blocks = -(-_rows(out) // NORM_ROWS_PER_BLOCK) if wsm else _rows(out)
+        grid, block = block_per_row(threads, blocks, 1024)
+        smem = staged if wsm else 0  # weight row, then the bias row (kernel: row + n)
     else:
         grid, block = block_per_row(n // 8 if vec else n, _rows(out))
-    return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args,
-                  smem=out.ne[0] * 4 if cache else 0, what=what)
+        smem = n * 4 if cache else 0
+    return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args, smem=smem, what=what)
 
 
 def _soft_max(rt, step, what: str) -> Launch:

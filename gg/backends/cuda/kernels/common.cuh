@@ -239,8 +239,18 @@ __device__ __forceinline__ i64 bcast_offs(const TDesc& d, i64 i0, i64 i1, i64 i2
            (i3 % d.ne[3]) * d.nb[3];
 }
 
-// Row r (over dims 1..3 of d) -> (i1, i2, i3).
+// Row r (over dims 1..3 of d) -> (i1, i2, i3). 64-bit division is a ~70-instruction software
+// routine; when everything fits in 32 bits (always, in practice) the hardware-assisted 32-bit
+// one is used: it was the largest cost of kernels with short rows (rope on head_dim rows).
 __device__ __forceinline__ void row_index(i64 r, const TDesc& d, i64& i1, i64& i2, i64& i3) {
+    if (((unsigned long long)r | (unsigned long long)d.ne[1] | (unsigned long long)d.ne[2]) < 0x80000000ull) {
+        const unsigned rr = (unsigned)r, n1 = (unsigned)d.ne[1], n2 = (unsigned)d.ne[2];
+        const unsigned t = rr / n1;
+        i1 = rr - t * n1;
+        i2 = t % n2;
+        i3 = t / n2;
+        return;
+    }
     i1 = r % d.ne[1];
     i64 t = r / d.ne[1];
     i2 = t % d.ne[2];
