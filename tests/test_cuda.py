@@ -153,6 +153,17 @@ def test_fused_rms_norm_mul_add(rng, with_add, ne0):
     check(cu, cu2, ELEM)  # fused == unfused
 
 
+@cuda
+@pytest.mark.parametrize("rows", [1, 7, 4099])
+def test_fused_rms_norm_row_invariant_weight_and_bias(rng, rows):
+    # 1-D weight and bias: blocks stage them in shared memory and take several rows each
+    x, w, c = rand(rng, rows, 2048), rand(rng, 2048), rand(rng, 2048)
+    cu, cpu, plan = run_both(lambda ctx: gg.add(gg.mul(gg.rms_norm(ctx.tensor(x), 1e-6), ctx.tensor(w)),
+                                                ctx.tensor(c)))
+    assert [s.ops for s in plan.steps] == [("rms_norm", "mul", "add")]
+    check(cu, cpu, ELEM)
+
+
 # ---- softmax ----------------------------------------------------------------------------------
 @cuda
 # 4096 / 8192: register rows with 16-byte accesses; 8195: registers, scalar; 20000: shared memory
