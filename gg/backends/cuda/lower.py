@@ -143,8 +143,8 @@ def _norm(rt, step, what: str) -> Launch:
     # One weight (and bias) row for all rows: a block stages it in shared memory and takes
     # NORM_ROWS_PER_BLOCK rows.
     staged = len(operands) * n * 4
-    wsm = (regs and wvec and operands and _rows(out) > 1 and staged <= NORM_CACHE_BYTES
-           and all(t.ne[1] * t.ne[2] * t.ne[3] == 1 for t in operands))
+    wsm = bool(regs and wvec and operands and _rows(out) > 1 and staged <= NORM_CACHE_BYTES
+               and all(t.ne[1] * t.ne[2] * t.ne[3] == 1 for t in operands))
     args.i32(int(cache)).i32(int(vec)).i32(int(wvec)).i32(int(wsm))
     if regs:  # at most NORM_REG_CHUNKS chunks per thread, at least NORM_MIN_THREADS threads
         threads = max(min(NORM_MIN_THREADS, n // 8), -(-(n // 8) // NORM_REG_CHUNKS))
