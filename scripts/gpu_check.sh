@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend's GPU check: the cuda-marked tests, then the same under compute-sanitizer
-# (memcheck on everything, racecheck on the kernels with shared-memory reductions).
+# (memcheck on everything, racecheck on the kernels with shared-memory reductions, initcheck on
+# the op and llama suites).
 # Logs go to $OUT (or ./gpu_check_logs). Exit status: non-zero if any part failed.
 set -u
 OUT=${OUT:-gpu_check_logs}
@@ -9,7 +10,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
 export PYTHONUNBUFFERED=1
 status=0
 
-python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/pytest_cuda.log" || true
+python3 -m pytest -m cuda -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/pytest_cuda.log" || true
 grep -qE "^[0-9]+ passed" "$OUT/pytest_cuda.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest_cuda.log" || status=1
 
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -24,6 +25,12 @@ GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-e
     -k "norm or soft_max or softmax or (mul_mat and not cublas) or attention" \
     > "$OUT/racecheck_pytest.log" 2>&1
 rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq 0 ] || status=1
+
+# initcheck: no kernel reads device memory nobody wrote (arenas are not zeroed).
+GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool initcheck --error-exitcode 99 --log-file "$OUT/initcheck.log" \
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py -k "not out_of_memory" \
+    > "$OUT/initcheck_pytest.log" 2>&1
+rc=$?; echo "initcheck exit $rc" | tee -a "$OUT/initcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 # The sanitizer must catch a planted out-of-bounds write made through gg's launch path.
 timeout 120 "$SAN" --tool memcheck --error-exitcode 99 python3 scripts/sanitizer_selftest.py \
