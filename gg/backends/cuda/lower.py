@@ -19,6 +19,7 @@ SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
 NORM_CACHE_BYTES = 48 * 1024
 NORM_REG_CHUNKS = 4    # kernels/norm.cu: 8-element chunks a thread keeps in registers
 NORM_MIN_THREADS = 128
+NORM_MAX_THREADS = 512   # kernels/norm.cu __launch_bounds__: more would not fit the register file
 NORM_ROWS_PER_BLOCK = 4  # rows a block takes when it stages the weight row in shared memory
 
 
@@ -138,7 +139,7 @@ def _norm(rt, step, what: str) -> Launch:
     vec = n % 8 == 0 and _aligned16(x) and _aligned16(out)
     operands = [step.srcs(node)[1] for node in nodes[1:]]
     wvec = all(t.dtype is F32 and t.ne[0] == n and _aligned16(t) for t in operands)
-    regs = vec and n // 8 <= NORM_REG_CHUNKS * 1024
+    regs = vec and n // 8 <= NORM_REG_CHUNKS * NORM_MAX_THREADS
     cache = not regs and n * 4 <= NORM_CACHE_BYTES
     # One weight (and bias) row for all rows: a block stages it in shared memory and takes
     # NORM_ROWS_PER_BLOCK rows.
@@ -149,7 +150,7 @@ def _norm(rt, step, what: str) -> Launch:
     if regs:  # at most NORM_REG_CHUNKS chunks per thread, at least NORM_MIN_THREADS threads
         threads = max(min(NORM_MIN_THREADS, n // 8), -(-(n // 8) // NORM_REG_CHUNKS))
         blocks = -(-_rows(out) // NORM_ROWS_PER_BLOCK) if wsm else _rows(out)
-        grid, block = block_per_row(threads, blocks, 1024)
+        grid, block = block_per_row(threads, blocks, NORM_MAX_THREADS)
         smem = staged if wsm else 0  # weight row, then the bias row (kernel: row + n)
     else:
         grid, block = block_per_row(n // 8 if vec else n, _rows(out))
