@@ -19,7 +19,7 @@ SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
 NORM_CACHE_BYTES = 48 * 1024
 NORM_REG_CHUNKS = 4    # kernels/norm.cu: 8-element chunks a thread keeps in registers
 NORM_MIN_THREADS = 128
-NORM_MAX_THREADS = 512   # kernels/norm.cu __launch_bounds__: more would not fit the register file
+NORM_MAX_THREADS = 512   # and never more than the compiled kernel's register use allows
 NORM_ROWS_PER_BLOCK = 4  # rows a block takes when it stages the weight row in shared memory
 
 
@@ -139,7 +139,9 @@ def _norm(rt, step, what: str) -> Launch:
     vec = n % 8 == 0 and _aligned16(x) and _aligned16(out)
     operands = [step.srcs(node)[1] for node in nodes[1:]]
     wvec = all(t.dtype is F32 and t.ne[0] == n and _aligned16(t) for t in operands)
-    regs = vec and n // 8 <= NORM_REG_CHUNKS * NORM_MAX_THREADS
+    name = f"{first.op}_{out.dtype.name}"
+    max_threads = min(NORM_MAX_THREADS, rt.max_threads("norm.cu", name) // 32 * 32)  # registers decide
+    regs = vec and n // 8 <= NORM_REG_CHUNKS * max_threads
     cache = not regs and n * 4 <= NORM_CACHE_BYTES
     # One weight (and bias) row for all rows: a block stages it in shared memory and takes
     # NORM_ROWS_PER_BLOCK rows.
@@ -150,12 +152,12 @@ def _norm(rt, step, what: str) -> Launch:
     if regs:  # at most NORM_REG_CHUNKS chunks per thread, at least NORM_MIN_THREADS threads
         threads = max(min(NORM_MIN_THREADS, n // 8), -(-(n // 8) // NORM_REG_CHUNKS))
         blocks = -(-_rows(out) // NORM_ROWS_PER_BLOCK) if wsm else _rows(out)
-        grid, block = block_per_row(threads, blocks, NORM_MAX_THREADS)
+        grid, block = block_per_row(threads, blocks, max_threads)
         smem = staged if wsm else 0  # weight row, then the bias row (kernel: row + n)
     else:
-        grid, block = block_per_row(n // 8 if vec else n, _rows(out))
+        grid, block = block_per_row(n // 8 if vec else n, _rows(out), max_threads)
         smem = n * 4 if cache else 0
-    return Launch(rt, "norm.cu", f"{first.op}_{out.dtype.name}", grid, block, args, smem=smem, what=what)
+    return Launch(rt, "norm.cu", name, grid, block, args, smem=smem, what=what)
 
 
 def _soft_max(rt, step, what: str) -> Launch:

@@ -155,6 +155,13 @@ class Runtime:
             self._functions[name] = fn
         return fn
 
+    def max_threads(self, file: str, name: str) -> int:
+        """The most threads per block kernel `name` can launch with (its registers decide)."""
+        fn = self.function(file, name)
+        (n,) = check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn),
+                     f"querying the block size limit of {name}")
+        return int(n)
+
     def set_max_dynamic_smem(self, fn: Any, nbytes: int, name: str) -> None:
         check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     int(nbytes)), f"allowing {nbytes} B of shared memory for {name}")

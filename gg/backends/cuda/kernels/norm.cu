@@ -219,8 +219,7 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
 }
 
 #define GG_NORM(NAME, RMS, T, S)                                                                     \
-    extern "C" __global__ void __launch_bounds__(512)                                                \
-        NAME##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps,                            \
+    extern "C" __global__ void NAME##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps,    \
                                           const char* w, TDesc wd, int wdt, const char* c, TDesc cd, \
                                           int cdt, int cache, int vec, int wvec, int wsm) {         \
         norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec, wvec, wsm);        \
