@@ -418,6 +418,20 @@ def test_cont_permuted_bit_exact(rng, dtype):
 
 
 @cuda
+@pytest.mark.parametrize("dst_dt", [gg.F32, gg.F16])
+@pytest.mark.parametrize("shape", [(3, 45, 37), (1, 1, 70), (2, 64, 64), (5, 33, 1)])
+def test_transposed_copy_tiles(rng, dst_dt, shape):
+    # source contiguous along dim 1, destination along dim 0: the tiled cpy_t kernel (odd edges)
+    x = rand(rng, *shape)
+
+    def build(ctx):
+        t = gg.transpose(ctx.tensor(x))
+        return gg.cpy(t, ctx.new_tensor(dst_dt, t.ne))
+    cu, cpu, _ = run_both(build)
+    assert np.array_equal(cu[0], cpu[0])
+
+
+@cuda
 def test_cast(rng):
     x = rand(rng, 5, 511)
     cu, cpu, plan = run_both(lambda ctx: gg.cast(ctx.tensor(x), gg.F16))

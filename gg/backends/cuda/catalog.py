@@ -42,6 +42,8 @@ def variants() -> list[Variant]:
     for s, d in product(FLOAT_NAMES, FLOAT_NAMES):
         v.append(Variant("cpy.cu", f"cpy_{s}_{d}"))
     v.append(Variant("cpy.cu", "cpy_i32_i32"))
+    for s, d in product(FLOAT_NAMES, FLOAT_NAMES):
+        v.append(Variant("cpy.cu", f"cpy_t_{s}_{d}"))
     for kind, a, b in product(("vec1", "vec", "tiled"), FLOAT_NAMES, FLOAT_NAMES):
         v.append(Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}"))
     return v

@@ -81,6 +81,10 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     if op in support.COPIES:
         a = srcs[0]
         same = a.ne == out.ne
+        if same and _transposed_copy(a, out):
+            grid = (-(-out.ne[0] // 32), -(-out.ne[1] // 32), out.ne[2] * out.ne[3])
+            return [Launch(rt, "cpy.cu", f"cpy_t_{a.dtype.name}_{out.dtype.name}", grid, (32, 8, 1),
+                           Args().tensor(out).tensor(a), what=what)]
         vec = same and vec_rows(out, a)
         grid, block = rows_config(out.ne[0] // group(a, out) if vec else out.ne[0], _rows(out), split=True)
         args = Args().tensor(out).tensor(a).i32(int(same)).i32(int(vec))
@@ -105,6 +109,14 @@ def mmv_threads_per_row(work: int, batch: int) -> int:
     while t < 32 and t * max(batch, 2) < work:
         t *= 2
     return t
+
+
+def _transposed_copy(a: Tensor, out: Tensor) -> bool:
+    """A float copy whose source runs contiguously along dim 1 and destination along dim 0 (and
+    not the source along dim 0): the tiled kernel, which reads and writes along those dims."""
+    return (a.dtype is not I32 and out.nb[0] == out.dtype.size and a.nb[1] == a.dtype.size
+            and a.nb[0] != a.dtype.size and out.ne[1] > 1 and out.ne[2] * out.ne[3] <= support.GRID_YZ_MAX
+            and -(-out.ne[1] // 32) <= support.GRID_YZ_MAX)
 
 
 def group(*ts: Tensor) -> int:

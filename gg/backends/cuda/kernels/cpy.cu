@@ -63,3 +63,38 @@ GG_CPY_D(float, f32)
 GG_CPY_D(f16, f16)
 GG_CPY_D(bf16, bf16)
 GG_CPY(float, i32, float, i32, true)
+
+// cpy_t: the same copy when the source is contiguous along dim 1 and the destination along dim 0
+// (writing K/V rows into a transposed V cache). The row kernel above would read the source with
+// a stride per element; here a block moves a 32 x 32 tile of (dim 0, dim 1) through shared
+// memory, so both sides are read and written along their contiguous dim. Block (32, 8); grid
+// (tiles along dim 0, tiles along dim 1, ne2 * ne3).
+#define CPY_TILE 32
+
+template <class TS, class TD>
+__device__ __forceinline__ void cpy_t_impl(char* dst, const TDesc& d, const char* s, const TDesc& sd) {
+    __shared__ float tile[CPY_TILE][CPY_TILE + 1];
+    const i64 x0 = (i64)blockIdx.x * CPY_TILE, y0 = (i64)blockIdx.y * CPY_TILE;
+    const i64 i2 = blockIdx.z % d.ne[2], i3 = blockIdx.z / d.ne[2];
+    const char* sb = s + i2 * sd.nb[2] + i3 * sd.nb[3];
+    char* db = dst + i2 * d.nb[2] + i3 * d.nb[3];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int j = ty; j < CPY_TILE; j += blockDim.y) {  // read along dim 1 (the source's contiguous dim)
+        const i64 i0 = x0 + j, i1 = y0 + tx;
+        if (i0 < d.ne[0] && i1 < d.ne[1]) tile[j][tx] = ld<TS>(sb + i0 * sd.nb[0] + i1 * sd.nb[1]);
+    }
+    __syncthreads();
+    for (int j = ty; j < CPY_TILE; j += blockDim.y) {  // write along dim 0 (the destination's)
+        const i64 i0 = x0 + tx, i1 = y0 + j;
+        if (i0 < d.ne[0] && i1 < d.ne[1]) st<TD>(db + i0 * d.nb[0] + i1 * d.nb[1], tile[tx][j]);
+    }
+}
+
+#define GG_CPY_T(TS, SS, TD, SD)                                                                     \
+    extern "C" __global__ void cpy_t_##SS##_##SD(char* dst, TDesc d, const char* s, TDesc sd) {     \
+        cpy_t_impl<TS, TD>(dst, d, s, sd);                                                          \
+    }
+#define GG_CPY_T_D(TS, SS) GG_CPY_T(TS, SS, float, f32) GG_CPY_T(TS, SS, f16, f16) GG_CPY_T(TS, SS, bf16, bf16)
+GG_CPY_T_D(float, f32)
+GG_CPY_T_D(f16, f16)
+GG_CPY_T_D(bf16, bf16)
