@@ -27,3 +27,12 @@ def rng(request):
     # A fresh, reproducible stream per test: failures can be replayed from the test id.
     seed = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng(seed)
+
+
+def pytest_terminal_summary(terminalreporter):
+    # tests/test_sweeps.py counts the hypothesis examples it ran (and passed) per backend
+    sweeps = sys.modules.get("test_sweeps")
+    cases = getattr(sweeps, "CASES", None)
+    if cases is not None and sum(cases.values()):
+        terminalreporter.write_line(f"sweeps: {cases['cpu']} cases on cpu, {cases['cuda']} on cuda "
+                                    f"(GG_SWEEP_EXAMPLES={sweeps.EXAMPLES} per test and backend)")
