@@ -1,10 +1,13 @@
 """Pass 3, insert: transfers where a step reads a tensor living on another backend, and casts
-where the chosen kernel needs another dtype. Both become visible steps (`inserted=True`)."""
+where the chosen kernel needs another dtype. Both become visible steps (`inserted=True`), except
+a cast the producing step can write directly (`fold_casts`): it joins that step's ops instead."""
 from __future__ import annotations
+
+from typing import Sequence
 
 from ..backends import base
 from ..ops import info
-from ..tensor import Tensor
+from ..tensor import Flag, Tensor
 from .assign import location
 from .step import Step
 
@@ -54,3 +57,32 @@ def insert(steps: list[Step]) -> list[Step]:
                 for k in [k for k in cache if k[0].root is written]:
                     del cache[k]
     return out
+
+
+def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
+    """Let the step producing a value write it in the dtype an inserted cast would convert it to,
+    when the cast is that value's only reader: e.g. a softmax writing the F16 operand of a cuBLAS
+    product itself, one full pass over the tensor less. Legal only if the value is not an output
+    (of this graph or another), nothing views it, and the backend supports the longer group."""
+    readers: dict[Tensor, int] = {}
+    for s in steps:
+        for t in s.inputs:
+            readers[t.root] = readers.get(t.root, 0) + 1
+    keep = {o.root for o in outputs}
+    producer = {s.out: s for s in steps}
+    folded: dict[Step, Step] = {}
+    for c in steps:
+        if c.ops != ("cast",):
+            continue
+        value = c.out.src[0]
+        p = producer.get(value)
+        if (p is None or p.inserted or p in folded or p.backend != c.backend or value.view_src is not None
+                or value in keep or Flag.OUTPUT in value.flags or readers.get(value, 0) != 1):
+            continue
+        ops, nodes = p.ops + ("cast",), p.nodes + (c.out,)
+        be = base.get(p.backend)
+        if not be.supports(ops, nodes):
+            continue
+        folded[p] = Step(ops, nodes, p.backend, kernel=be.kernel_name(ops, nodes), subst=dict(p.subst))
+        folded[c] = None  # type: ignore[assignment]
+    return [folded.get(s, s) for s in steps if not (s in folded and folded[s] is None)]

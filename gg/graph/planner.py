@@ -1,4 +1,5 @@
-"""The planner: assign -> fuse -> insert copies/casts -> allocate. Never touches a device."""
+"""The planner: assign -> fuse -> insert copies/casts (folding casts into their producer where
+legal) -> allocate. Never touches a device."""
 from __future__ import annotations
 
 from ..backends import base
@@ -6,7 +7,7 @@ from .allocate import allocate
 from .assign import assign
 from .fuse import fuse
 from .guards import guard_bytes
-from .insert import insert
+from .insert import fold_casts, insert
 from .plan import Plan
 
 
@@ -18,4 +19,6 @@ def make_plan(graph) -> Plan:
     if graph.fuse:
         steps = fuse(steps, graph.nodes, graph.outputs)
     steps = insert(steps)
+    if graph.fuse:
+        steps = fold_casts(steps, graph.outputs)
     return Plan(steps, allocate(steps, graph.outputs, guard=guard_bytes()), tuple(priority), list(graph.outputs))

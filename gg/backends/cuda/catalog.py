@@ -30,9 +30,10 @@ def variants() -> list[Variant]:
         v.append(Variant("unary.cu", f"{op}_{t}"))
     for op, t in product(("rms_norm", "norm"), FLOAT_NAMES):
         v.append(Variant("norm.cu", f"{op}_{t}"))
-    v.append(Variant("softmax.cu", "soft_max_f32"))
-    for npt in SOFTMAX_NPT:
-        v.append(Variant("softmax.cu", f"soft_max_r{npt}_f32"))
+    for t in FLOAT_NAMES:  # output dtype: f16 / bf16 when a cast is folded into the softmax
+        v.append(Variant("softmax.cu", f"soft_max_{t}"))
+        for npt in SOFTMAX_NPT:
+            v.append(Variant("softmax.cu", f"soft_max_r{npt}_{t}"))
     for t in ("f32", "f16"):
         v.append(Variant("rope.cu", f"rope_{t}"))
     for t in FLOAT_NAMES + ("i32",):

@@ -39,7 +39,7 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         return []
     if ops[0] == "rms_norm" or ops == ("norm",):
         return [_norm(rt, step, what)]
-    if ops[-1] == "soft_max":
+    if "soft_max" in ops:
         return [_soft_max(rt, step, what)]
     if len(ops) != 1:
         raise BackendError(f"cuda: no lowering for fused group {ops} ({what})")
@@ -173,12 +173,14 @@ def _norm(rt, step, what: str) -> Launch:
 
 
 def _soft_max(rt, step, what: str) -> Launch:
-    nodes, out = step.nodes, step.out
-    p = out.params
+    out = step.out  # F32, or the dtype of a cast folded into the step
+    nodes = step.nodes[:-1] if step.ops[-1] == "cast" else step.nodes
+    sm = nodes[-1]
+    p = sm.params
     n_past = -1
     max_bias = 0.0
     if len(nodes) == 1:
-        srcs = step.srcs(out)
+        srcs = step.srcs(sm)
         x, mask = srcs[0], (srcs[1] if len(srcs) > 1 else None)
         cx, post, max_bias = p.scale, 1.0, p.max_bias
     else:
@@ -203,17 +205,21 @@ def _soft_max(rt, step, what: str) -> Launch:
     if npt:  # the row lives in registers
         def rows16(t: Tensor) -> bool:
             return t.nb[0] == 4 and addr(t) % 16 == 0 and all(t.nb[i] % 16 == 0 for i in (1, 2, 3))
-        vec = n % 4 == 0 and rows16(x) and rows16(out)
+        def rows_out(t: Tensor) -> bool:  # 4 values per store: 16 bytes (F32) or 8 (F16, BF16)
+            w = 4 * t.dtype.size
+            return t.nb[0] == t.dtype.size and addr(t) % w == 0 and all(t.nb[i] % w == 0 for i in (1, 2, 3))
+        vec = n % 4 == 0 and rows16(x) and rows_out(out)
         if vec and mask is not None and mask.dtype is F32 and mask.ne[0] == n and rows16(mask):
             vec = 2  # the mask is read 16 bytes at a time too
         args.i32(int(vec))
         threads = max(32, (-(-n // npt) + 31) // 32 * 32)
-        return Launch(rt, "softmax.cu", f"soft_max_r{npt}_f32", (_rows(out), 1, 1), (threads, 1, 1), args,
-                      what=what)
+        return Launch(rt, "softmax.cu", f"soft_max_r{npt}_{out.dtype.name}", (_rows(out), 1, 1), (threads, 1, 1),
+                      args, what=what)
     cache = n * 4 <= SOFTMAX_CACHE_BYTES
     args.i32(int(cache))
     grid, block = block_per_row(n, _rows(out))
-    return Launch(rt, "softmax.cu", "soft_max_f32", grid, block, args, smem=n * 4 if cache else 0, what=what)
+    return Launch(rt, "softmax.cu", f"soft_max_{out.dtype.name}", grid, block, args, smem=n * 4 if cache else 0,
+                  what=what)
 
 
 SOFTMAX_MAX_THREADS = 256

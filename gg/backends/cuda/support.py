@@ -20,8 +20,9 @@ DT_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3}  # kernels/common.cuh DT_*
 ELEMENTWISE = ("add", "sub", "mul", "div", "scale", "silu", "gelu", "diag_mask_inf")
 COPIES = ("cpy", "cont", "cast")
 SINGLE = ELEMENTWISE + COPIES + ("rms_norm", "norm", "soft_max", "rope", "mul_mat", "get_rows", "set_rows")
+SOFTMAX_CHAINS = (("soft_max",), ("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"))
 FUSED = (("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
-         ("scale", "diag_mask_inf", "soft_max"))
+         ("scale", "diag_mask_inf", "soft_max")) + tuple(c + ("cast",) for c in SOFTMAX_CHAINS)
 
 SOFTMAX_NPT = (4, 8, 16, 32)  # register-resident softmax variants: values per thread
 MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)
@@ -144,6 +145,8 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
         return False
     if ops[0] == "rms_norm":
         return all(n.dtype is nodes[0].dtype for n in nodes)
+    if ops[-1] == "cast":  # a softmax (chain) writing its result in the cast's dtype
+        return supports(ops[:-1], nodes[:-1]) and nodes[-1].dtype in FLOATS and nodes[-1].ne == nodes[-2].ne
     # scale -> add|diag_mask_inf -> soft_max: soft_max reads F32, so the chain is F32 throughout;
     # the last soft_max has no mask of its own (its mask is the add's src1).
     return all(n.dtype is F32 for n in nodes) and len(nodes[-1].src) == 1

@@ -9,9 +9,11 @@
 // NPT * blockDim.x), with 16-byte loads and stores when the host says the rows allow it (`vec`).
 #include "common.cuh"
 
-extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc xd, const char* m, TDesc md,
-                                        int mdt, float cx, float post, int n_past, float max_bias, float m0,
-                                        float m1, int n_head_log2, int cache) {
+template <class TD>
+__device__ __forceinline__ void soft_max_smem(char* dst, const TDesc& d, const char* x, const TDesc& xd,
+                                              const char* m, const TDesc& md, int mdt, float cx, float post,
+                                              int n_past, float max_bias, float m0, float m1, int n_head_log2,
+                                              int cache) {
     extern __shared__ float row[];
     __shared__ float sh[32];
     i64 i1, i2, i3;
@@ -45,7 +47,7 @@ extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc
     }
     mx = block_max(mx, sh);
     if (mx == NEG_INF) {  // fully masked row
-        for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) *(float*)(drow + i0 * d.nb[0]) = 0.0f;
+        for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) st<TD>(drow + i0 * d.nb[0], 0.0f);
         return;
     }
     float sum = 0.0f;
@@ -57,13 +59,13 @@ extern "C" __global__ void soft_max_f32(char* dst, TDesc d, const char* x, TDesc
     const float inv = 1.0f / block_sum(sum, sh);
     for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
         const float e = cache ? row[i0] : expf(value(i0) - mx);
-        *(float*)(drow + i0 * d.nb[0]) = e * inv;
+        st<TD>(drow + i0 * d.nb[0], e * inv);
     }
 }
 
 // Registers instead of shared memory: thread t owns elements t*4 + q (+ g * 4 * blockDim.x) with
 // vec, else t + j * blockDim.x. One global read of x and the mask, one write of y.
-template <int NPT>
+template <int NPT, class TD>
 __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const char* x, const TDesc& xd,
                                              const char* m, const TDesc& md, int mdt, float cx, float post,
                                              int n_past, float max_bias, float m0, float m1, int n_head_log2,
@@ -136,34 +138,41 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
 #pragma unroll
         for (int j = 0; j < NPT; ++j) v[j] *= inv;
     }
-    if (vec) {
+    if (vec) {  // dst rows are contiguous and 16-byte aligned too: 4 values per store
 #pragma unroll
         for (int g = 0; g < NPT / 4; ++g) {
             const i64 i0 = col(4 * g);
             if (i0 < n) {
-                V16 q;
-#pragma unroll
-                for (int k = 0; k < 4; ++k) q.w[k] = __float_as_uint(v[4 * g + k]);
-                st16_cs(drow + i0 * 4, q);
+                if (sizeof(TD) == 4) st16_cs(drow + i0 * 4, pack16<float>(v + 4 * g));
+                else stg<TD, 4>(drow + i0 * (i64)sizeof(TD), v + 4 * g);
             }
         }
     } else {
 #pragma unroll
         for (int j = 0; j < NPT; ++j) {
             const i64 i0 = col(j);
-            if (i0 < n) *(float*)(drow + i0 * d.nb[0]) = v[j];
+            if (i0 < n) st<TD>(drow + i0 * d.nb[0], v[j]);
         }
     }
 }
 
-#define GG_SOFTMAX_REG(NPT)                                                                                  \
-    extern "C" __global__ void soft_max_r##NPT##_f32(char* dst, TDesc d, const char* x, TDesc xd,            \
+// Output dtype S: f32 (the op), or f16 / bf16 when the planner folded a cast of the result into
+// the step (the F16 operand of a cuBLAS product).
+#define GG_SOFTMAX_REG(NPT, TD, S)                                                                           \
+    extern "C" __global__ void soft_max_r##NPT##_##S(char* dst, TDesc d, const char* x, TDesc xd,            \
                                                      const char* m, TDesc md, int mdt, float cx, float post, \
                                                      int n_past, float max_bias, float m0, float m1,         \
                                                      int n_head_log2, int vec) {                             \
-        soft_max_reg<NPT>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2, vec); \
+        soft_max_reg<NPT, TD>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2,    \
+                              vec);                                                                          \
     }
-GG_SOFTMAX_REG(4)
-GG_SOFTMAX_REG(8)
-GG_SOFTMAX_REG(16)
-GG_SOFTMAX_REG(32)
+#define GG_SOFTMAX(TD, S)                                                                                    \
+    extern "C" __global__ void soft_max_##S(char* dst, TDesc d, const char* x, TDesc xd, const char* m,      \
+                                            TDesc md, int mdt, float cx, float post, int n_past,             \
+                                            float max_bias, float m0, float m1, int n_head_log2, int cache) { \
+        soft_max_smem<TD>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2, cache); \
+    }                                                                                                        \
+    GG_SOFTMAX_REG(4, TD, S) GG_SOFTMAX_REG(8, TD, S) GG_SOFTMAX_REG(16, TD, S) GG_SOFTMAX_REG(32, TD, S)
+GG_SOFTMAX(float, f32)
+GG_SOFTMAX(f16, f16)
+GG_SOFTMAX(bf16, bf16)
