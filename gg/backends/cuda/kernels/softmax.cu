@@ -9,6 +9,33 @@
 // NPT * blockDim.x), with 16-byte loads and stores when the host says the rows allow it (`vec`).
 #include "common.cuh"
 
+// This block's row: x and dst row pointers, the mask row (or null), the ALiBi slope of head i2.
+struct SmRow {
+    const char* x;
+    char* dst;
+    const char* mask;
+    float slope;
+    i64 i1;
+};
+
+__device__ __forceinline__ SmRow sm_row(char* dst, const TDesc& d, const char* x, const TDesc& xd, const char* m,
+                                        const TDesc& md, float max_bias, float m0, float m1, int n_head_log2) {
+    i64 i1, i2, i3;
+    row_index(blockIdx.x, d, i1, i2, i3);
+    SmRow r;
+    r.x = x + row_offs(xd, i1, i2, i3);
+    r.dst = dst + row_offs(d, i1, i2, i3);
+    r.mask = m ? m + row_offs(md, i1 % md.ne[1], i2 % md.ne[2], i3 % md.ne[3]) : nullptr;
+    r.slope = 1.0f;
+    if (max_bias > 0.0f) {
+        const int h = (int)i2;
+        r.slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    }
+    r.i1 = i1;
+    return r;
+}
+
+
 template <class TD>
 __device__ __forceinline__ void soft_max_smem(char* dst, const TDesc& d, const char* x, const TDesc& xd,
                                               const char* m, const TDesc& md, int mdt, float cx, float post,
@@ -16,19 +43,13 @@ __device__ __forceinline__ void soft_max_smem(char* dst, const TDesc& d, const c
                                               int cache) {
     extern __shared__ float row[];
     __shared__ float sh[32];
-    i64 i1, i2, i3;
-    row_index(blockIdx.x, d, i1, i2, i3);
-    const char* xrow = x + row_offs(xd, i1, i2, i3);
-    char* drow = dst + row_offs(d, i1, i2, i3);
-    const i64 n = d.ne[0];
+    const SmRow R = sm_row(dst, d, x, xd, m, md, max_bias, m0, m1, n_head_log2);
+    const char* xrow = R.x;
+    char* drow = R.dst;
+    const char* mrow = R.mask;
+    const float slope = R.slope;
+    const i64 i1 = R.i1, n = d.ne[0];
     const float NEG_INF = -__int_as_float(0x7f800000);
-
-    float slope = 1.0f;
-    if (max_bias > 0.0f) {
-        const int h = (int)i2;
-        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
-    }
-    const char* mrow = m ? m + row_offs(md, i1 % md.ne[1], i2 % md.ne[2], i3 % md.ne[3]) : nullptr;
 
     const bool mfull = md.ne[0] == n;  // the usual case: no 64-bit modulo per element
     // value() recomputes t when the row does not fit in shared memory.
@@ -71,18 +92,13 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
                                              int n_past, float max_bias, float m0, float m1, int n_head_log2,
                                              int vec) {
     __shared__ float sh[32];
-    i64 i1, i2, i3;
-    row_index(blockIdx.x, d, i1, i2, i3);
-    const char* xrow = x + row_offs(xd, i1, i2, i3);
-    char* drow = dst + row_offs(d, i1, i2, i3);
-    const i64 n = d.ne[0];
+    const SmRow R = sm_row(dst, d, x, xd, m, md, max_bias, m0, m1, n_head_log2);
+    const char* xrow = R.x;
+    char* drow = R.dst;
+    const char* mrow = R.mask;
+    const float slope = R.slope;
+    const i64 i1 = R.i1, n = d.ne[0];
     const float NEG_INF = -__int_as_float(0x7f800000);
-    float slope = 1.0f;
-    if (max_bias > 0.0f) {
-        const int h = (int)i2;
-        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
-    }
-    const char* mrow = m ? m + row_offs(md, i1 % md.ne[1], i2 % md.ne[2], i3 % md.ne[3]) : nullptr;
     const bool mfull = md.ne[0] == n;
     const i64 limit = n_past >= 0 ? (i64)n_past + i1 : n;  // causal: columns past this are masked
 
