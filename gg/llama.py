@@ -322,7 +322,11 @@ def _write_kv(gf: Graph, cfg: Config, cache: KVCache, il: int, k: Tensor, v: Ten
     n_head_kv). The writes are expanded into `gf` first, so they run before every read (DESIGN §1)."""
     K, V = cache.k[il], cache.v[il]
     hd, nkv, T, n_kv = cfg.head_dim, cfg.n_head_kv, batch.n_tokens, batch.n_kv
+    # Both paths reshape v (a view of the qkv product); the indexed one reshapes k (a view of
+    # the q/k rope) as well. For one token both views are contiguous already.
+    v = v if v.is_contiguous() else ops.cont(v)
     if batch.is_indexed:
+        k = k if k.is_contiguous() else ops.cont(k)
         # Rows chosen at run time by I32 inputs. V rows are single elements (V is transposed).
         k_dst = ops.set_rows(ops.reshape(K, cfg.n_embd_gqa, cfg.n_ctx), ops.reshape(k, cfg.n_embd_gqa, T), batch.k_idx)
         v_dst = ops.set_rows(ops.reshape(V, 1, cfg.n_ctx * cfg.n_embd_gqa), ops.reshape(v, 1, cfg.n_embd_gqa * T),
@@ -355,21 +359,19 @@ def attention_block(gf: Graph, cfg: Config, w: LayerWeights, cache: KVCache, il:
         raise ShapeError(f"llama.attention_block: layer {il} out of range for n_layer={cfg.n_layer}")
     T, hd, nh, nkv = batch.n_tokens, cfg.head_dim, cfg.n_head, cfg.n_head_kv
     cur = ops.mul(ops.rms_norm(x, cfg.eps), w.attn_norm)        # fuses: rms_norm+mul
+    rope = dict(n_dims=hd, mode=cfg.rope_mode, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
     if w.wqkv is not None:  # one product, then views: rows [q | k | v] of every token's column
         qkv = ops.mul_mat(w.wqkv, cur)                            # (n_embd + 2 n_embd_gqa, T)
         f, col = qkv.dtype.size, qkv.nb[1]
-        q = ops.view_3d(qkv, hd, nh, T, hd * f, col, 0)
-        k = ops.view_3d(qkv, hd, nkv, T, hd * f, col, cfg.n_embd * f)
+        # q and k heads are adjacent rows: one rope over both, then views of its result
+        qk = ops.rope(ops.view_3d(qkv, hd, nh + nkv, T, hd * f, col, 0), batch.pos, **rope)
+        q = ops.view_3d(qk, hd, nh, T, qk.nb[1], qk.nb[2], 0)
+        k = ops.view_3d(qk, hd, nkv, T, qk.nb[1], qk.nb[2], nh * qk.nb[1])
         v = ops.view_2d(qkv, cfg.n_embd_gqa, T, col, (cfg.n_embd + cfg.n_embd_gqa) * f)
     else:  # separately built LayerWeights without the stacked leaf
-        q = ops.reshape(ops.mul_mat(w.wq, cur), hd, nh, T)
-        k = ops.reshape(ops.mul_mat(w.wk, cur), hd, nkv, T)
+        q = ops.rope(ops.reshape(ops.mul_mat(w.wq, cur), hd, nh, T), batch.pos, **rope)
+        k = ops.rope(ops.reshape(ops.mul_mat(w.wk, cur), hd, nkv, T), batch.pos, **rope)
         v = ops.mul_mat(w.wv, cur)                                # (n_embd_gqa, T)
-    if not v.is_contiguous():
-        v = ops.cont(v)  # the cache writes below reshape it
-    rope = dict(n_dims=hd, mode=cfg.rope_mode, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
-    q = ops.rope(q, batch.pos, **rope)
-    k = ops.rope(k, batch.pos, **rope)
     k_cache, v_cache = _write_kv(gf, cfg, cache, il, k, v, batch)
 
     kq = ops.mul_mat(k_cache, ops.permute(q, 0, 2, 1, 3))         # (n_kv, T, n_head)
@@ -377,7 +379,8 @@ def attention_block(gf: Graph, cfg: Config, w: LayerWeights, cache: KVCache, il:
     kq = ops.add(kq, batch.mask) if batch.mask is not None else ops.diag_mask_inf(kq, batch.n_past)
     kq = ops.soft_max(kq)                                         # fuses: scale+add|diag_mask_inf+soft_max
     kqv = ops.mul_mat(v_cache, kq)                                # (hd, T, n_head)
-    cur = ops.reshape(ops.cont(ops.permute(kqv, 0, 2, 1, 3)), cfg.n_embd, T)
+    cur = ops.permute(kqv, 0, 2, 1, 3)                            # (hd, n_head, T)
+    cur = ops.reshape(cur if cur.is_contiguous() else ops.cont(cur), cfg.n_embd, T)  # T == 1: no copy
     return ops.add(ops.mul_mat(w.wo, cur), x)
 
 

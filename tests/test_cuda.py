@@ -326,6 +326,36 @@ def test_attention_products_gqa_f16_cache(rng, n_tokens):
     assert nmse(cu[1], o.astype(np.float32)) <= MATMUL
 
 
+@cuda
+@pytest.mark.parametrize("product", ["kq", "kqv"])
+def test_mul_mat_gqa_cublas(rng, product):
+    """GQA prefill products on F16 cache views: the 4 query heads of each kv head fold into one
+    cuBLAS GEMM (N = 4 * n_tokens), one strided-batched call over the kv heads."""
+    from reference import NMSE_MUL_MAT, ref_mul_mat
+    hd, n_kv, nkv, T, nh, n_ctx = 64, 77, 2, 33, 8, 96
+    kc = rand(rng, nkv, n_ctx, hd).astype(np.float16)   # K ne = (hd, n_ctx, nkv)
+    vc = rand(rng, nkv, hd, n_ctx).astype(np.float16)   # V transposed, ne = (n_ctx, hd, nkv)
+    q, p = rand(rng, T, nh, hd), rand(rng, nh, T, n_kv)
+
+    def build(ctx):
+        if product == "kq":
+            K = ctx.tensor(kc)
+            k = gg.view_3d(K, hd, n_kv, nkv, K.nb[1], K.nb[2], 0)
+            return gg.mul_mat(k, gg.permute(ctx.tensor(q), 0, 2, 1, 3))    # (n_kv, T, nh)
+        V = ctx.tensor(vc)
+        v = gg.view_3d(V, n_kv, hd, nkv, V.nb[1], V.nb[2], 0)
+        return gg.mul_mat(v, ctx.tensor(p))                                  # (hd, T, nh)
+    a_np, b_np = (kc[:, :n_kv], q.transpose(1, 0, 2)) if product == "kq" else (vc[:, :, :n_kv], p)
+    cu, cpu, plan = run_both(build)
+    check(cu, cpu, NMSE_MUL_MAT, ref=ref_mul_mat(a_np, b_np).astype(np.float32))
+    kernels = [s.kernel for s in plan.steps]
+    try:
+        import nvmath  # noqa: F401
+        assert "cublas_gemm_batched" in kernels, plan
+    except ImportError:
+        assert any(k.endswith("_no_cublas") for k in kernels)
+
+
 # ---- rows -------------------------------------------------------------------------------------
 @cuda
 @pytest.mark.parametrize("dtype", [gg.F32, gg.F16, gg.BF16, gg.I32])

@@ -107,6 +107,88 @@ def test_plan_for_cuda_without_gpu(rng):
             g.compute()
 
 
+def _gqa_attention(rng, kdt=np.float16, hd=64, n_kv=100, nkv=2, T=37, nh=8, n_ctx=128):
+    """KQ and KQV of a GQA attention over cache views: K (hd, n_ctx, nkv) read as (hd, n_kv, nkv),
+    V transposed (n_ctx, hd, nkv) read as (n_kv, hd, nkv), q F32 permuted to (hd, T, nh)."""
+    K = gg.tensor(rng.standard_normal((nkv, n_ctx, hd)).astype(kdt))
+    V = gg.tensor(rng.standard_normal((nkv, hd, n_ctx)).astype(kdt))
+    q = gg.permute(gg.tensor(f32(rng, T, nh, hd)), 0, 2, 1, 3)
+    kq = gg.mul_mat(gg.view_3d(K, hd, n_kv, nkv, K.nb[1], K.nb[2], 0), q)       # (n_kv, T, nh)
+    kqv = gg.mul_mat(gg.view_3d(V, n_kv, hd, nkv, V.nb[1], V.nb[2], 0), gg.soft_max(kq))
+    return kq, kqv
+
+
+def test_cuda_plan_gqa_mul_mat_uses_cublas(rng, monkeypatch):
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)  # nvmath need not be installed here
+    kq, kqv = _gqa_attention(rng)
+    plan = gg.build_forward(kqv, backends=("cuda", "cpu")).plan
+    mm = [s for s in plan.steps if s.ops == ("mul_mat",)]
+    assert [s.kernel for s in mm] == ["cublas_gemm_batched"] * 2, plan
+    for s in mm:  # b is cast to a contiguous F16 copy; prepare time (the real b) decides the same
+        a, b = s.srcs(s.out)
+        assert b.dtype is gg.F16 and b.is_contiguous() and support.gqa_ratio(a, b) == 4
+        assert support.mul_mat_path(s.out, b) == "cublas"
+
+
+def test_cuda_plan_gqa_mul_mat_tiled_unless_foldable(rng, monkeypatch):
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    # F32 cache: q needs no cast, and its heads lie hd apart (not T columns): no K x (T*r) matrix
+    kq, _ = _gqa_attention(rng, kdt=np.float32)
+    assert gg.build_forward(kq, backends=("cuda", "cpu")).plan.steps[-1].kernel == "mul_mat_tiled_f32_f32"
+    # broadcast over dim 3 (a.ne[3] < b.ne[3]) stays on the tiled kernel too
+    a = gg.tensor(f32(rng, 1, 2, 100, 64))
+    b = gg.tensor(f32(rng, 3, 8, 37, 64))
+    assert gg.build_forward(gg.mul_mat(a, b), backends=("cuda", "cpu")).plan.steps[-1].kernel == "mul_mat_tiled_f32_f32"
+    c = gg.tensor(f32(rng, 3, 8, 37, 64))  # the same, contiguous and folded per head, is cuBLAS
+    a3 = gg.tensor(f32(rng, 3, 2, 100, 64))
+    assert gg.build_forward(gg.mul_mat(a3, c), backends=("cuda", "cpu")).plan.steps[-1].kernel == "cublas_gemm_batched"
+
+
+def test_cublas_gemm_gqa_args_compute_the_product(rng, monkeypatch):
+    """Gemm's sizes and strides for GQA, checked by a numpy stand-in for cuBLAS on host memory."""
+    import ctypes
+    from types import SimpleNamespace
+    from gg.backends.cuda import cublas
+    from reference import NMSE_MUL_MAT, ref_mul_mat
+
+    np_dt = {0: np.float32, 2: np.float16}
+
+    def matrices(ptr, dt, ld, stride, rows, cols, batch):  # column-major: column j at ptr + j*ld
+        dt = np.dtype(np_dt[dt])
+        n = (batch - 1) * stride + (cols - 1) * ld + rows
+        base = np.frombuffer((ctypes.c_char * (n * dt.itemsize)).from_address(ptr), dt)
+        s = dt.itemsize
+        return np.lib.stride_tricks.as_strided(base, (batch, cols, rows), (stride * s, ld * s, s))
+
+    def gemm(h, op_a, op_b, M, N, K, alpha, A, ta, lda, sa, B, tb, ldb, sb, beta, C, tc, ldc, sc, batch, *_):
+        assert (op_a, op_b) == (cublas._OP_T, cublas._OP_N)
+        a = matrices(A, ta, lda, sa, K, M, batch).astype(np.float64)
+        b = matrices(B, tb, ldb, sb, K, N, batch).astype(np.float64)
+        c = b @ a.transpose(0, 2, 1)
+        np.copyto(matrices(C, tc, ldc, sc, M, N, batch), c.astype(np.float32))
+
+    monkeypatch.setattr(cublas, "_lib", lambda: SimpleNamespace(gemm_strided_batched_ex=gemm))
+    monkeypatch.setattr(cublas, "handle", lambda rt: 0)
+    hd, n_kv, nkv, T, nh, n_ctx = 64, 77, 2, 33, 8, 96
+    kc = rng.standard_normal((nkv, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((nkv, hd, n_ctx)).astype(np.float16)
+    K, V = gg.tensor(kc), gg.tensor(vc)
+    k = gg.view_3d(K, hd, n_kv, nkv, K.nb[1], K.nb[2], 0)
+    v = gg.view_3d(V, n_kv, hd, nkv, V.nb[1], V.nb[2], 0)
+    for a, a_np, b_np in ((k, kc[:, :n_kv], rng.standard_normal((nh, T, hd))),
+                          (v, vc[:, :, :n_kv], rng.standard_normal((nh, T, n_kv)))):
+        b_np = b_np.astype(np.float16)
+        b = gg.tensor(b_np)
+        out = gg.mul_mat(a, b)
+        host = {a.root: kc if a.root is K else vc, b: b_np, out: np.zeros(out.ne[2::-1], np.float32)}
+        g = cublas.Gemm(None, "kq", out, a, b, lambda t: host[t.root].ctypes.data + t.view_offs)
+        assert g.args[3:6] == (out.ne[0], out.ne[1] * 4, a.ne[0]) and g.args[-3] == nkv  # M, N*r, K; batch
+        g()
+        assert nmse(host[out], ref_mul_mat(a_np, b_np)) <= NMSE_MUL_MAT
+
+
 def test_transfers_between_backends(rng):
     host = gg.Context(backend="cpu")
     xa, wa = f32(rng, 3, 32), f32(rng, 32)

@@ -1,6 +1,7 @@
 """Pass 2, fuse: merge chains of single-node steps into one kernel where ggml's rules allow.
 
-A chain n0 -> n1 -> ... fuses when every intermediate is src[0] of the next node, has exactly one
+A chain n0 -> n1 -> ... fuses when every intermediate is src[0] of the next node (src[1], the
+activations, when the next node is a mul_mat: attention's ·V), has exactly one
 consumer in the graph, is not a graph output, is not viewed by anything, all nodes run on the same
 backend that supports the group, and no write into persistent memory happens between them."""
 from __future__ import annotations
@@ -13,6 +14,10 @@ from ..tensor import Tensor
 from .step import Step
 
 PATTERNS: tuple[tuple[str, ...], ...] = (  # longest first
+    ("mul_mat", "scale", "add", "soft_max", "mul_mat"),           # attention over a KV cache
+    ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
+    ("mul_mat", "soft_max", "mul_mat"),
+    ("mul_mat", "add"),                                           # a residual added by the mat-vec
     ("rms_norm", "mul", "add"),
     ("scale", "add", "soft_max"),
     ("scale", "diag_mask_inf", "soft_max"),
@@ -39,7 +44,8 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
             if t in outs or t in viewed or len(users) != 1:
                 return None
             nxt = users[0]
-            if nxt.op != op or not nxt.src or nxt.src[0] is not t or nxt not in index:
+            slot = 1 if op == "mul_mat" else 0
+            if nxt.op != op or len(nxt.src) <= slot or nxt.src[slot] is not t or nxt not in index:
                 return None
             if nxt.src.count(t) != 1:  # x * x: the intermediate would be needed twice
                 return None

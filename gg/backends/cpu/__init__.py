@@ -68,7 +68,9 @@ class CPUBackend:
         return True
 
     def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
-        return all(op in KERNELS for op in ops)
+        # A product is one numpy call: running it in a group with its neighbours (the attention
+        # chain, a residual add) gains nothing here, and the plan would hide what it materializes.
+        return all(op in KERNELS for op in ops) and (len(ops) == 1 or "mul_mat" not in ops)
 
     def src_dtype(self, node: Tensor, i: int) -> DType | None:
         return None  # every kernel decodes any dtype to float32 itself

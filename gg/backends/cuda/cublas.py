@@ -3,7 +3,8 @@
 mul_mat's out[n, m] = sum_k a[m, k] * b[n, k] is, in cuBLAS's column-major view, C = A^T B with
 A = a as a K x M matrix (lda = a's row stride), B = b as K x N (ldb = b's row stride) and
 C = out as M x N (ldc = M). Batches (dims 2, 3 collapsed) use one strided-batched call; a
-weight matrix shared by every batch has stride 0. One handle per backend stream, with its own
+weight matrix shared by every batch has stride 0, and GQA's b heads sharing one matrix of a fold
+into N. One handle per backend stream, with its own
 workspace so calls can be captured into a CUDA graph.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from ...dtypes import BF16, F16, F32
 from ...errors import BackendError
 from ...tensor import Tensor
+from .support import gqa_ratio
 
 _CUDA_TYPE = {F32: 0, F16: 2, BF16: 14}   # cudaDataType: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
 _COMPUTE_32F = 68                          # CUBLAS_COMPUTE_32F: fp32 accumulation
@@ -60,11 +62,15 @@ class Gemm:
         self.handle = handle(rt)
         self.alpha = np.ones(1, np.float32)   # host scalars: kept alive as long as the record
         self.beta = np.zeros(1, np.float32)
-        M, N, K = out.ne[0], out.ne[1], a.ne[0]
-        batch = out.ne[2] * out.ne[3]
+        # GQA (a broadcast over b's heads by division): the r heads of b and out that share one
+        # matrix of a lie N columns apart (mul_mat_path checked b; out is contiguous), so they
+        # are one GEMM with N*r columns, and the batch runs over a's matrices.
+        r = gqa_ratio(a, b)
+        M, N, K = out.ne[0], out.ne[1] * r, a.ne[0]
+        batch = out.ne[2] * out.ne[3] // r
         self.args = (self.handle, _OP_T, _OP_N, M, N, K, self.alpha.ctypes.data,
                      addr(a), _CUDA_TYPE[a.dtype], a.nb[1] // a.dtype.size, _batch_stride(a),
-                     addr(b), _CUDA_TYPE[b.dtype], b.nb[1] // b.dtype.size, _batch_stride(b),
+                     addr(b), _CUDA_TYPE[b.dtype], b.nb[1] // b.dtype.size, r * _batch_stride(b),
                      self.beta.ctypes.data, addr(out), _CUDA_TYPE[F32], M, M * N, batch,
                      _COMPUTE_32F, _GEMM_DEFAULT)
 

@@ -52,6 +52,12 @@ class Args:
         self._vals.append(np.array(list(ne) + list(nb), np.int64))
         return self
 
+    def struct(self, *fields: np.generic) -> "Args":
+        """A C struct of 4-byte fields (np.float32 / np.int32), passed by value."""
+        assert all(np.asarray(f).itemsize == 4 for f in fields)
+        self._vals.append(np.frombuffer(b"".join(np.asarray(f).tobytes() for f in fields), np.uint8).copy())
+        return self
+
     def tensor(self, t: Tensor) -> "Args":
         """Pointer then descriptor of t."""
         return self.ptr(addr(t)).desc(t.ne, t.nb)

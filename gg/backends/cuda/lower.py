@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
+
 from ...dtypes import F32, I32
 from ...errors import BackendError
 from ...tensor import Tensor
@@ -39,6 +41,10 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         return []
     if ops[0] == "rms_norm" or ops == ("norm",):
         return [_norm(rt, step, what)]
+    if ops in support.FLASH:
+        return [_flash(rt, step, what)]
+    if ops == ("mul_mat", "add"):
+        return [_mul_mat(rt, step, what)]
     if "soft_max" in ops:
         return [_soft_max(rt, step, what)]
     if len(ops) != 1:
@@ -172,6 +178,57 @@ def _norm(rt, step, what: str) -> Launch:
     return Launch(rt, "norm.cu", name, grid, block, args, smem=smem, what=what)
 
 
+def _flash(rt, step, what: str) -> Launch:
+    kq, *mid, kqv = step.nodes
+    sm = mid[-1]
+    k, q = step.srcs(kq)
+    v = step.srcs(kqv)[0]
+    out = step.out
+    n_past, mask = -1, None
+    if len(mid) == 1:  # soft_max_ext(kq, mask, scale)
+        cx, post = sm.params.scale, 1.0
+        mask = step.srcs(sm)[1] if len(sm.src) > 1 else None
+    else:              # scale -> add(mask) | diag_mask_inf -> soft_max
+        cx, post = mid[0].params.s, sm.params.scale
+        if mid[1].op == "add":
+            mask = step.srcs(mid[1])[1]
+        else:
+            n_past = mid[1].params.n_past
+    hd, n_kv = k.ne[0], k.ne[1]
+    nh = support.flash_heads(out.ne[2], k.ne[2])
+    tokens = out.ne[1] * out.ne[3]
+    groups = out.ne[2] // nh * tokens
+    # The most positions per block that still give every SM a few blocks (GQA has few groups).
+    fits = [c for c in support.FLASH_CHUNKS if -(-n_kv // c) <= support.FLASH_MAX_SPLITS]
+    want = FLASH_BLOCKS_PER_SM * rt.sm_count
+    chunk = next((c for c in fits if -(-n_kv // c) * groups >= want), fits[-1])
+    splits = -(-n_kv // chunk)
+    kvec = hd % 8 == 0 and _aligned16(k)
+    vvec = _aligned16(v)
+    tpp = 32
+    if kvec:  # lanes per K row: one 16-byte load each, at least one per head of the block
+        tpp = max(nh, 1 << max(0, (hd // 8 - 1).bit_length()))
+    rows = out.ne[2] * tokens
+    ws = rt.alloc(4 * rows * splits * (2 + hd) + 4 * groups)  # (m, l, o) per chunk, then counters
+    ws.write(ws.nbytes - 4 * groups, np.zeros(groups, np.uint32))
+    args = Args().tensor(out).tensor(q).tensor(k).tensor(v)
+    if mask is not None:
+        args.tensor(mask).i32(_code(mask))
+    else:
+        args.none().i32(0)
+    args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk), np.int32(tpp),
+                np.int32(kvec), np.int32(vvec))
+    args.ptr(ws.ptr).ptr(ws.ptr + ws.nbytes - 4 * groups)
+    launch = Launch(rt, "attn.cu", f"flash_attn_{k.dtype.name}_h{nh}", (splits, out.ne[2] // nh, tokens),
+                    (FLASH_THREADS, 1, 1), args, what=what)
+    launch.workspace = ws  # lives as long as the launch record
+    return launch
+
+
+FLASH_THREADS = 128      # kernels/attn.cu FA_THREADS
+FLASH_BLOCKS_PER_SM = 4
+
+
 def _soft_max(rt, step, what: str) -> Launch:
     out = step.out  # F32, or the dtype of a cast folded into the step
     nodes = step.nodes[:-1] if step.ops[-1] == "cast" else step.nodes
@@ -232,9 +289,9 @@ def softmax_values_per_thread(n: int) -> int:
 
 
 def _mul_mat(rt, step, what: str):
-    out = step.out
-    a, b = step.srcs(out)
-    path = support.mul_mat_path(out, b)
+    out, mm = step.out, step.nodes[0]  # out is the add of a fused mul_mat -> add
+    a, b = step.srcs(mm)
+    path = support.mul_mat_path(mm, b)
     if path == "cublas":
         from .cublas import Gemm
         return Gemm(rt, what, out, a, b, addr)
@@ -242,6 +299,10 @@ def _mul_mat(rt, step, what: str):
     batches = out.ne[2] * out.ne[3]
     if path == "vec":
         vec = a.ne[0] % 8 == 0 and _aligned16(a) and _aligned16(b)
+        if len(step.nodes) > 1:
+            args.tensor(step.srcs(out)[1])
+        else:
+            args.none()
         args.i32(int(vec))
         one = out.ne[1] == 1
         tpr = mmv_threads_per_row(a.ne[0] // 8 if vec else a.ne[0], MMV_BATCH if one else 1)

@@ -73,6 +73,8 @@ class Runtime:
         (minor,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "attr")
         (self.max_smem_optin,) = check(cu.cuDeviceGetAttribute(
             A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "attr")
+        (self.sm_count,) = check(cu.cuDeviceGetAttribute(
+            A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "attr")
         (name,) = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.name = name.split(b"\0")[0].decode(errors="replace")
         self.cc = (int(major), int(minor))

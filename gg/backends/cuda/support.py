@@ -21,8 +21,18 @@ ELEMENTWISE = ("add", "sub", "mul", "div", "scale", "silu", "gelu", "diag_mask_i
 COPIES = ("cpy", "cont", "cast")
 SINGLE = ELEMENTWISE + COPIES + ("rms_norm", "norm", "soft_max", "rope", "mul_mat", "get_rows", "set_rows")
 SOFTMAX_CHAINS = (("soft_max",), ("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"))
-FUSED = (("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
-         ("scale", "diag_mask_inf", "soft_max")) + tuple(c + ("cast",) for c in SOFTMAX_CHAINS)
+# Attention, K·q -> softmax -> ·V, as one flash-decoding kernel (kernels/attn.cu).
+FLASH = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
+         ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
+         ("mul_mat", "soft_max", "mul_mat"))
+FUSED = ((("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
+          ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
+         + tuple(c + ("cast",) for c in SOFTMAX_CHAINS) + FLASH)
+FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
+FLASH_MAX_HD = 256       # kernels/attn.cu FA_MAX_HD
+FLASH_CHUNKS = (256, 128, 64)  # positions per block, largest first (FA_MAX_CHUNK = 256)
+FLASH_MAX_SPLITS = 1024  # kernels/attn.cu FA_MAX_SPLITS: chunks per row
+FLASH_HEADS = (8, 4, 2, 1)     # query heads per block (attn.cu flash_attn_*_h<NH>)
 
 SOFTMAX_NPT = (4, 8, 16, 32)  # register-resident softmax variants: values per thread
 MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)
@@ -83,19 +93,28 @@ def mul_mat_path(node: Tensor, b: Tensor | None = None) -> str:
     if not have_cublas():
         return "tiled"
     if b.dtype is not cublas_b_dtype(a):
-        b_gemm, b_batch = True, 0 if b.ne[2] * b.ne[3] == 1 else b.ne[0] * b.ne[1]
+        b_gemm, b_batch, b_ld = True, 0 if b.ne[2] * b.ne[3] == 1 else b.ne[0] * b.ne[1], b.ne[0]
     else:
-        b_gemm, b_batch = _gemm_ok(b), _batch_stride(b)
+        b_gemm, b_batch, b_ld = _gemm_ok(b), _batch_stride(b), b.nb[1] // b.dtype.size
     a_batch = _batch_stride(a)
     flops = 2 * node.ne[0] * node.ne[1] * a.ne[0] * node.ne[2] * node.ne[3]
     if (not _gemm_ok(a) or not b_gemm or a_batch is None or b_batch is None or flops < CUBLAS_MIN_FLOPS
             or node.ne[2] * node.ne[3] > GRID_YZ_MAX):
         return "tiled"
-    if a.ne[2] * a.ne[3] != 1 and (a.ne[2], a.ne[3]) != (b.ne[2], b.ne[3]):
-        return "tiled"  # GQA broadcast has no uniform batch stride for a
-    if max(a.ne[0], a.ne[1], b.ne[1], a.nb[1] // a.dtype.size, b.nb[1] // b.dtype.size) >= 2 ** 31:
+    # GQA: a's matrix g serves b's heads g*r .. g*r+r-1; cuBLAS folds them into one GEMM with
+    # N*r columns, which needs b's head stride to be N columns (always so for a planner cast).
+    r = gqa_ratio(a, b)
+    if a.ne[2] * a.ne[3] != 1 and (a.ne[3] != b.ne[3] or (r > 1 and b_batch != b.ne[1] * b_ld)):
+        return "tiled"  # a broadcast over dim 3, or b's heads not one K x (N*r) matrix per matrix of a
+    if max(a.ne[0], a.ne[1], b.ne[1] * r, a.nb[1] // a.dtype.size, b_ld) >= 2 ** 31:
         return "tiled"
     return "cublas"
+
+
+def gqa_ratio(a: Tensor, b: Tensor) -> int:
+    """How many consecutive heads of b (dim 2) each matrix of a serves: b.ne[2] // a.ne[2] when a
+    is broadcast by division (GQA), else 1 (a single matrix of a is broadcast with stride 0)."""
+    return b.ne[2] // a.ne[2] if a.ne[2] * a.ne[3] != 1 else 1
 
 
 def supports_node(node: Tensor) -> bool:
@@ -138,6 +157,8 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
         return ops[0] in SINGLE and supports_node(nodes[0])
     if ops not in FUSED:
         return False
+    if ops in FLASH:
+        return flash_ok(nodes)
     for prev, nxt in zip(nodes, nodes[1:]):
         if not nxt.src or nxt.src[0] is not prev:
             return False
@@ -145,11 +166,44 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
         return False
     if ops[0] == "rms_norm":
         return all(n.dtype is nodes[0].dtype for n in nodes)
+    if ops == ("mul_mat", "add"):  # a residual added by the mat-vec kernel as it writes
+        mm, add = nodes
+        r = add.src[1]
+        return mul_mat_path(mm) == "vec" and r.dtype is F32 and r.ne == add.ne
     if ops[-1] == "cast":  # a softmax (chain) writing its result in the cast's dtype
         return supports(ops[:-1], nodes[:-1]) and nodes[-1].dtype in FLOATS and nodes[-1].ne == nodes[-2].ne
     # scale -> add|diag_mask_inf -> soft_max: soft_max reads F32, so the chain is F32 throughout;
     # the last soft_max has no mask of its own (its mask is the add's src1).
     return all(n.dtype is F32 for n in nodes) and len(nodes[-1].src) == 1
+
+
+def flash_ok(nodes: Sequence[Tensor]) -> bool:
+    """The flash kernel computes this K·q -> [scale -> mask ->] softmax -> ·V chain: few query
+    tokens, K and V of one float dtype with the same heads and head size, q F32, a full-row mask,
+    no ALiBi."""
+    kq, *mid, kqv = nodes
+    sm = mid[-1]
+    k, q = kq.src
+    v, probs = kqv.src
+    if probs is not sm or any(n.src[0] is not prev for prev, n in zip(nodes, mid)):
+        return False
+    if not all(supports_node(n) for n in mid) or any(n.dtype is not F32 for n in mid):
+        return False
+    if len(mid) > 1 and len(sm.src) > 1:  # a second mask on the softmax itself
+        return False
+    hd, n_kv = k.ne[0], k.ne[1]
+    if (q.dtype is not F32 or k.dtype not in FLOATS or v.dtype is not k.dtype or kqv.dtype is not F32
+            or q.ne[1] > FLASH_MAX_T or hd > FLASH_MAX_HD or v.ne[:2] != (n_kv, hd) or v.ne[2:] != k.ne[2:]
+            or -(-n_kv // FLASH_CHUNKS[0]) > FLASH_MAX_SPLITS or sm.params.max_bias != 0.0
+            or kqv.ne[2] * kqv.ne[3] * q.ne[1] > GRID_YZ_MAX):
+        return False
+    mask = sm.src[1] if len(sm.src) > 1 else (mid[1].src[1] if mid[1].op == "add" else None)
+    return mask is None or (mask.dtype in (F32, F16) and mask.ne[0] == n_kv)
+
+
+def flash_heads(n_head: int, n_head_kv: int) -> int:
+    """Query heads one flash block takes: the most (of FLASH_HEADS) that share one K/V head."""
+    return next(nh for nh in FLASH_HEADS if (n_head // n_head_kv) % nh == 0)
 
 
 def src_dtype(node: Tensor, i: int) -> DType | None:
@@ -170,6 +224,10 @@ def kernel_name(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
     """The kernel shown in the plan, e.g. "rms_norm_mul_f32", "cpy_f32_f16", "cublas_gemm"."""
     ops = tuple(ops)
     out = nodes[-1]
+    if ops in FLASH:
+        return f"flash_attn_{_dt(nodes[0].src[0])}"
+    if ops == ("mul_mat", "add"):
+        return f"mul_mat_vec_add_{_dt(nodes[0].src[0])}_{_dt(nodes[0].src[1])}"
     if len(ops) > 1:
         return "_".join(ops) + f"_{_dt(out)}"
     op = ops[0]

@@ -11,12 +11,14 @@
 // host) each thread reads 8 elements per 16-byte load, MMV_BATCH loads in flight.
 // Two builds: mul_mat_vec1_* for one column (decode proper: few registers, so the batched loads
 // fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
+// `r` (F32, dst's shape, or null) is added to the result: the fused mul_mat -> add of a residual
+// connection, one launch and one pass over dst less.
 #define MMV_NMAX 8
 #define MMV_BATCH 4  // lower.py MMV_BATCH
 
 template <class TA, class TB, int NMAX, int BATCH>
 __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
-                                         const char* b, const TDesc& bd, int vec) {
+                                         const char* b, const TDesc& bd, const char* r, const TDesc& rd, int vec) {
     const int tpr = blockDim.x, lane = threadIdx.x;
     const i64 m = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
@@ -71,7 +73,10 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
         if (n < N) {
             float v = acc[n];
             for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (live && lane == 0) *(float*)(dst + m * d.nb[0] + n * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
+            if (live && lane == 0) {
+                if (r) v += *(const float*)(r + m * rd.nb[0] + n * rd.nb[1] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+                *(float*)(dst + m * d.nb[0] + n * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
+            }
         }
     }
 }
@@ -141,12 +146,14 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
 
 #define GG_MM(TA, SA, TB, SB)                                                                             \
     extern "C" __global__ void mul_mat_vec_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,       \
-                                                       const char* b, TDesc bd, int vec) {                \
-        mmv_impl<TA, TB, MMV_NMAX, 1>(dst, d, a, ad, b, bd, vec);                                         \
+                                                       const char* b, TDesc bd, const char* r, TDesc rd,  \
+                                                       int vec) {                                         \
+        mmv_impl<TA, TB, MMV_NMAX, 1>(dst, d, a, ad, b, bd, r, rd, vec);                                  \
     }                                                                                                     \
     extern "C" __global__ void mul_mat_vec1_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,      \
-                                                        const char* b, TDesc bd, int vec) {               \
-        mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, vec);                                        \
+                                                        const char* b, TDesc bd, const char* r, TDesc rd, \
+                                                        int vec) {                                        \
+        mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, r, rd, vec);                                 \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \

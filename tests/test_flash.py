@@ -1,0 +1,198 @@
+"""The fused attention step (K·q -> scale -> mask -> softmax -> ·V as one flash-decoding kernel).
+
+Plan tests need no GPU; the `cuda` tests compare the fused kernel with a float64 numpy
+reference and with the same graph unfused, on cache-shaped views (strided K, transposed V),
+GQA/MQA head groups, odd sizes, several chunks, masks of every kind and repeated computes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gg
+from gg.backends.cuda import support
+from reference import ref_soft_max, round_bf16
+from reference_helpers import nmse
+
+cuda = pytest.mark.cuda
+LIMIT = 1e-6  # no F16 rounding of q or of the probabilities: F32 accumulation error only
+STORE = {"f32": np.float32, "f16": np.float16}
+
+
+def flash_steps(plan):
+    return [s for s in plan.steps if s.kernel.startswith("flash_attn")]
+
+
+def stored(a: np.ndarray, dtype: str) -> np.ndarray:
+    """a as the cache stores it: float64 of the values rounded to the cache dtype."""
+    return round_bf16(a) if dtype == "bf16" else a.astype(STORE[dtype]).astype(np.float64)
+
+
+class Case:
+    """Attention of T query tokens over n_kv cache positions, built like gg.llama's block: K a
+    strided view of a (n_ctx, n_head_kv, hd) cache, V a view of a transposed (n_head_kv, hd,
+    n_ctx) cache, q a permuted view."""
+
+    def __init__(self, hd, n_kv, nh, nkv, T, dtype="f16", form="add", n_ctx=None, seed=0, v_rows=False):
+        self.hd, self.n_kv, self.nh, self.nkv, self.T = hd, n_kv, nh, nkv, T
+        self.dtype, self.form, self.v_rows = dtype, form, v_rows
+        self.n_ctx = n_ctx or n_kv + 3
+        rng = np.random.default_rng(seed)
+        self.k = rng.standard_normal((self.n_ctx, nkv, hd))
+        self.v = rng.standard_normal((nkv, hd, self.n_ctx))
+        self.q = rng.standard_normal((T, nh, hd)) * 0.5
+        self.n_past = n_kv - T
+        cols, rows = np.arange(n_kv), self.n_past + np.arange(T)
+        self.mask = np.where(cols[None, :] <= rows[:, None], 0.0, -np.inf)
+        self.mask[:, 1::7] = -np.inf  # holes: masked positions inside the visible range
+        self.scale = 1.0 / np.sqrt(hd)
+
+    def build(self, ctx):
+        gdt = {"f32": gg.F32, "f16": gg.F16, "bf16": gg.BF16}[self.dtype]
+        K = ctx.tensor(self.k, dtype=gdt, name="k_cache")
+        k = gg.view_3d(K, self.hd, self.n_kv, self.nkv, K.nb[2], K.nb[1], 0)
+        if self.v_rows:  # V with positions strided (rows of hd values): the generic V path
+            Vr = ctx.tensor(np.ascontiguousarray(self.v.transpose(0, 2, 1)), dtype=gdt, name="v_rows")
+            v = gg.view_3d(Vr, self.hd, self.n_kv, self.nkv, Vr.nb[1], Vr.nb[2], 0)  # ne (hd, n_kv, nkv)
+            v = gg.permute(v, 1, 0, 2, 3)  # ne (n_kv, hd, nkv), nb[0] = a row of hd values
+        else:
+            V = ctx.tensor(self.v, dtype=gdt, name="v_cache")
+            v = gg.view_3d(V, self.n_kv, self.hd, self.nkv, V.nb[1], V.nb[2], 0)
+        q = ctx.tensor(self.q, dtype=gg.F32, name="q")
+        self.q_leaf = q
+        kq = gg.mul_mat(k, gg.permute(q, 0, 2, 1, 3))
+        if self.form == "add":
+            mask = ctx.tensor(self.mask, dtype=gg.F32, name="mask")
+            kq = gg.soft_max(gg.add(gg.scale(kq, self.scale), mask))
+        elif self.form == "diag":
+            kq = gg.soft_max(gg.diag_mask_inf(gg.scale(kq, self.scale), self.n_past))
+        else:  # soft_max_ext with an F16 mask
+            mask = ctx.tensor(self.mask, dtype=gg.F16, name="mask")
+            kq = gg.soft_max_ext(kq, mask, scale=self.scale)
+        return gg.mul_mat(v, kq)
+
+    def reference(self, q=None) -> np.ndarray:
+        q = self.q if q is None else q
+        k, v = stored(self.k, self.dtype), stored(self.v, self.dtype)
+        r = self.nh // self.nkv
+        out = np.zeros((self.nh, self.T, self.hd))
+        mask = self.mask if self.form != "diag" else np.where(
+            np.arange(self.n_kv)[None, :] <= (self.n_past + np.arange(self.T))[:, None], 0.0, -np.inf)
+        for h in range(self.nh):
+            g = h // r
+            s = q[:, h, :].astype(np.float32).astype(np.float64) @ k[:self.n_kv, g, :].T   # (T, n_kv)
+            p = ref_soft_max(s, mask, scale=self.scale)
+            out[h] = p @ v[g, :, :self.n_kv].T
+        return out
+
+
+# ---- planning (no GPU) ----------------------------------------------------------------------------
+def test_plan_fuses_decode_attention_on_cuda():
+    c = Case(64, 100, 8, 2, 1)
+    out = c.build(gg.Context())
+    plan = gg.build_forward(out, backends=("cuda", "cpu")).plan
+    steps = flash_steps(plan)
+    assert [s.ops for s in steps] == [("mul_mat", "scale", "add", "soft_max", "mul_mat")], str(plan)
+    assert steps[0].kernel == "flash_attn_f16" and steps[0].out is out
+
+
+@pytest.mark.parametrize("form,ops", [("diag", ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat")),
+                                      ("ext", ("mul_mat", "soft_max", "mul_mat"))])
+def test_plan_fuses_every_form(form, ops):
+    out = Case(64, 100, 4, 4, 2, form=form).build(gg.Context())
+    assert [s.ops for s in flash_steps(gg.build_forward(out, backends=("cuda", "cpu")).plan)] == [ops]
+
+
+def test_plan_keeps_prefill_and_cpu_unfused():
+    prefill = Case(64, 100, 4, 4, support.FLASH_MAX_T + 1).build(gg.Context())
+    plan = gg.build_forward(prefill, backends=("cuda", "cpu")).plan
+    assert not flash_steps(plan)
+    assert ("scale", "add", "soft_max") in [s.ops for s in plan.steps]  # the softmax chain still fuses
+    decode = Case(64, 100, 4, 4, 1).build(gg.Context())
+    assert not flash_steps(gg.build_forward(decode, backends=("cpu",)).plan)
+    assert not flash_steps(gg.build_forward(decode, backends=("cuda", "cpu"), fuse=False).plan)
+
+
+def test_plan_refuses_when_the_intermediate_is_needed():
+    ctx = gg.Context()
+    c = Case(64, 100, 4, 4, 1)
+    out = c.build(ctx)
+    probs = out.src[1]  # the softmax, also an output: it must be materialized
+    plan = gg.build_forward(out, probs, backends=("cuda", "cpu")).plan
+    assert not flash_steps(plan)
+
+
+def test_llama_decode_plan_uses_flash():
+    cfg = gg.llama.Config(n_embd=256, n_head=8, n_head_kv=2, n_ff=512, n_ctx=64)
+    w = gg.llama.Weights.random(cfg)
+    cache = gg.llama.KVCache(cfg, w.ctx)
+    batch = gg.llama.Batch.indexed(cfg, w.ctx, 1)
+    g, _, _ = gg.llama.build_forward_pass(cfg, w, cache, batch, backends=("cuda", "cpu"))
+    assert len(flash_steps(g.plan)) == 1, str(g.plan)
+
+
+# ---- on the GPU -----------------------------------------------------------------------------------
+CASES = {
+    "mha-f16": dict(hd=128, n_kv=1000, nh=8, nkv=8, T=1, n_ctx=1024),
+    "gqa4-odd": dict(hd=64, n_kv=77, nh=8, nkv=2, T=1),
+    "mqa-many-chunks": dict(hd=64, n_kv=5000, nh=4, nkv=1, T=3, n_ctx=5008),
+    "gqa3-bf16-diag": dict(hd=40, n_kv=300, nh=6, nkv=2, T=2, dtype="bf16", form="diag"),
+    "scalar-k-f32-ext": dict(hd=36, n_kv=129, nh=4, nkv=4, T=1, dtype="f32", form="ext"),
+    "gqa8-hd256-t8": dict(hd=256, n_kv=700, nh=16, nkv=2, T=8),
+    "v-rows": dict(hd=64, n_kv=333, nh=4, nkv=2, T=1, v_rows=True),
+    "one-position": dict(hd=32, n_kv=1, nh=2, nkv=1, T=1),
+}
+
+
+def compute(case, fuse=True):
+    ctx = gg.Context()
+    out = case.build(ctx)
+    g = gg.build_forward(out, backends=("cuda", "cpu"), fuse=fuse)
+    g.compute()
+    return g, out
+
+
+@cuda
+@pytest.mark.parametrize("name", list(CASES))
+def test_flash_matches_reference_and_unfused(name):
+    case = Case(**CASES[name], seed=len(name))
+    g, out = compute(case)
+    assert len(flash_steps(g.plan)) == 1, str(g.plan)
+    assert all(s.backend == "cuda" for s in g.plan.steps)
+    got = out.numpy().reshape(case.nh, case.T, case.hd)
+    assert np.isfinite(got).all()
+    assert nmse(got, case.reference()) <= LIMIT
+    _, plain = compute(case, fuse=False)
+    assert nmse(got, plain.numpy().reshape(got.shape)) <= LIMIT
+
+
+@cuda
+def test_flash_replays_with_new_inputs():
+    """The chunk counters reset themselves: every replay of the captured graph combines anew."""
+    case = Case(64, 2000, 8, 2, 1, seed=3)
+    g, out = compute(case)
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        q = rng.standard_normal(case.q.shape)
+        case.q_leaf.set(q.astype(np.float32))
+        g.compute()
+        assert nmse(out.numpy().reshape(case.nh, 1, case.hd), case.reference(q)) <= LIMIT
+
+
+@cuda
+def test_flash_masked_rows_and_skipped_chunks():
+    """A fully masked row gives zeros (as the unfused softmax); chunks that are wholly masked are
+    not read, so NaN stored there does not reach the output; NaN at a visible position does."""
+    case = Case(64, 1500, 4, 4, 2, seed=5)
+    case.mask[0, :] = -np.inf            # token 0 sees nothing
+    case.mask[1, 600:] = -np.inf         # token 1 sees only the first 600 positions
+    ref = case.reference()
+    case.k[1100:1400] = np.nan           # ... and whole chunks past them hold NaN
+    case.v[:, :, 1100:1400] = np.nan
+    g, out = compute(case)
+    got = out.numpy().reshape(case.nh, 2, case.hd)
+    assert (got[:, 0, :] == 0).all()
+    assert nmse(got[:, 1, :], ref[:, 1, :]) <= LIMIT
+    case.k[10, 0, 3] = np.nan           # a visible position of kv head 0
+    g, out = compute(case)
+    got = out.numpy().reshape(case.nh, 2, case.hd)
+    assert np.isnan(got[0, 1]).all() and np.isfinite(got[1:, 1]).all()
