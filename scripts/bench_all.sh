@@ -8,6 +8,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gg-bench}
 mkdir -p "$OUT"
+. scripts/wheels.sh
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
 export PYTHONUNBUFFERED=1
 ONLY=${ONLY:-ops attention attention_gqa}

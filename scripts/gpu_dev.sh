@@ -7,10 +7,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gg-dev}
 mkdir -p "$OUT"
-if ls .whl/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+. scripts/wheels.sh
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
 export PYTHONUNBUFFERED=1
 status=0

@@ -140,6 +140,10 @@ CASES = {
     "gqa8-hd256-t8": dict(hd=256, n_kv=700, nh=16, nkv=2, T=8),
     "v-rows": dict(hd=64, n_kv=333, nh=4, nkv=2, T=1, v_rows=True),
     "one-position": dict(hd=32, n_kv=1, nh=2, nkv=1, T=1),
+    "gqa8-d128-fast": dict(hd=128, n_kv=300, nh=16, nkv=2, T=1, n_ctx=304),
+    "gqa2-bf16-d64-fast": dict(hd=64, n_kv=200, nh=4, nkv=2, T=3, dtype="bf16", n_ctx=256),
+    "mha-diag-d64-fast": dict(hd=64, n_kv=130, nh=3, nkv=3, T=2, form="diag", n_ctx=136),
+    "ext-f16-mask-fast": dict(hd=128, n_kv=65, nh=2, nkv=2, T=1, form="ext", n_ctx=72),
 }
 
 
@@ -179,10 +183,11 @@ def test_flash_replays_with_new_inputs():
 
 
 @cuda
-def test_flash_masked_rows_and_skipped_chunks():
+@pytest.mark.parametrize("n_ctx", [1503, 1504], ids=["generic", "fast"])
+def test_flash_masked_rows_and_skipped_chunks(n_ctx):
     """A fully masked row gives zeros (as the unfused softmax); chunks that are wholly masked are
     not read, so NaN stored there does not reach the output; NaN at a visible position does."""
-    case = Case(64, 1500, 4, 4, 2, seed=5)
+    case = Case(64, 1500, 4, 4, 2, seed=5, n_ctx=n_ctx)
     case.mask[0, :] = -np.inf            # token 0 sees nothing
     case.mask[1, 600:] = -np.inf         # token 1 sees only the first 600 positions
     ref = case.reference()

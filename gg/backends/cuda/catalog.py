@@ -10,7 +10,7 @@ from itertools import product
 
 from ...errors import CompileError
 from . import compiler
-from .support import FLASH_HEADS, SOFTMAX_NPT
+from .support import FLASH_FAST_DTYPES, FLASH_FAST_HD, FLASH_HEADS, SOFTMAX_NPT
 
 FLOAT_NAMES = ("f32", "f16", "bf16")
 
@@ -47,8 +47,11 @@ def variants() -> list[Variant]:
         v.append(Variant("cpy.cu", f"cpy_t_{s}_{d}"))
     for kind, a, b in product(("vec1", "vec", "tiled"), FLOAT_NAMES, FLOAT_NAMES):
         v.append(Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}"))
-    for t, nh in product(FLOAT_NAMES, FLASH_HEADS):
-        v.append(Variant("attn.cu", f"flash_attn_{t}_h{nh}"))
+    v.append(Variant("attn.cu", "flash_combine"))
+    for t in FLOAT_NAMES:
+        v.append(Variant("attn.cu", f"flash_attn_{t}_h1"))
+    for t, nh, hd in product(FLASH_FAST_DTYPES, FLASH_HEADS, FLASH_FAST_HD):
+        v.append(Variant("attn.cu", f"flash_attn_{t.name}_h{nh}_d{hd}"))
     return v
 
 

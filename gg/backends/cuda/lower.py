@@ -42,7 +42,7 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     if ops[0] == "rms_norm" or ops == ("norm",):
         return [_norm(rt, step, what)]
     if ops in support.FLASH:
-        return [_flash(rt, step, what)]
+        return _flash(rt, step, what)
     if ops == ("mul_mat", "add"):
         return [_mul_mat(rt, step, what)]
     if "soft_max" in ops:
@@ -75,12 +75,12 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         return [Launch(rt, "rope.cu", f"rope_{out.dtype.name}", grid, block, args, what=what)]
     if op == "get_rows":
         a, idx = srcs
-        grid, block = rows_config(out.ne[0], _rows(out))
+        grid, block = rows_config(out.ne[0], _rows(out), split=True)
         args = Args().tensor(out).tensor(a).tensor(idx).ptr(rt.err_word.ptr).i32(_err_code(rt, what))
         return [Launch(rt, "rows.cu", f"get_rows_{a.dtype.name}", grid, block, args, what=what)]
     if op == "set_rows":
         _, b, idx = srcs
-        grid, block = rows_config(b.ne[0], _rows(b))
+        grid, block = rows_config(b.ne[0], _rows(b), split=True)
         args = Args().tensor(out).tensor(b).tensor(idx).ptr(rt.err_word.ptr).i32(_err_code(rt, what))
         name = f"set_rows_{b.dtype.name}_{out.dtype.name}"
         return [Launch(rt, "rows.cu", name, grid, block, args, what=what)]
@@ -178,7 +178,7 @@ def _norm(rt, step, what: str) -> Launch:
     return Launch(rt, "norm.cu", name, grid, block, args, smem=smem, what=what)
 
 
-def _flash(rt, step, what: str) -> Launch:
+def _flash(rt, step, what: str) -> list[Launch]:
     kq, *mid, kqv = step.nodes
     sm = mid[-1]
     k, q = step.srcs(kq)
@@ -195,37 +195,40 @@ def _flash(rt, step, what: str) -> Launch:
         else:
             n_past = mid[1].params.n_past
     hd, n_kv = k.ne[0], k.ne[1]
-    nh = support.flash_heads(out.ne[2], k.ne[2])
     tokens = out.ne[1] * out.ne[3]
-    groups = out.ne[2] // nh * tokens
-    # The most positions per block that still give every SM a few blocks (GQA has few groups).
-    fits = [c for c in support.FLASH_CHUNKS if -(-n_kv // c) <= support.FLASH_MAX_SPLITS]
-    want = FLASH_BLOCKS_PER_SM * rt.sm_count
-    chunk = next((c for c in fits if -(-n_kv // c) * groups >= want), fits[-1])
-    splits = -(-n_kv // chunk)
-    kvec = hd % 8 == 0 and _aligned16(k)
-    vvec = _aligned16(v)
-    tpp = 32
-    if kvec:  # lanes per K row: one 16-byte load each, at least one per head of the block
-        tpp = max(nh, 1 << max(0, (hd // 8 - 1).bit_length()))
+    fast_splits = -(-n_kv // support.FLASH_FAST_CHUNK)
+    fast = (k.dtype in support.FLASH_FAST_DTYPES and hd in support.FLASH_FAST_HD and _aligned16(k)
+            and _aligned16(v) and fast_splits <= support.FLASH_MAX_SPLITS)
+    if fast:  # compile-time sizes, tiles staged in shared memory, NH heads sharing K/V per block
+        nh, chunk, splits = support.flash_heads(out.ne[2], k.ne[2]), support.FLASH_FAST_CHUNK, fast_splits
+        name = f"flash_attn_{k.dtype.name}_h{nh}_d{hd}"
+        tiles = 2 * chunk * hd * k.dtype.size
+    else:  # the largest chunk that still gives every SM a few blocks
+        nh, tiles, name = 1, 0, f"flash_attn_{k.dtype.name}_h1"
+        fits = [c for c in support.FLASH_CHUNKS if -(-n_kv // c) <= support.FLASH_MAX_SPLITS]
+        want = FLASH_BLOCKS_PER_SM * rt.sm_count
+        chunk = next((c for c in fits if -(-n_kv // c) * out.ne[2] * tokens >= want), fits[-1])
+        splits = -(-n_kv // chunk)
     rows = out.ne[2] * tokens
-    ws = rt.alloc(4 * rows * splits * (2 + hd) + 4 * groups)  # (m, l, o) per chunk, then counters
-    ws.write(ws.nbytes - 4 * groups, np.zeros(groups, np.uint32))
+    ws = rt.alloc(4 * rows * splits * (2 + hd))  # (m, l) and o of every chunk of every row
     args = Args().tensor(out).tensor(q).tensor(k).tensor(v)
     if mask is not None:
         args.tensor(mask).i32(_code(mask))
     else:
         args.none().i32(0)
-    args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk), np.int32(tpp),
-                np.int32(kvec), np.int32(vvec))
-    args.ptr(ws.ptr).ptr(ws.ptr + ws.nbytes - 4 * groups)
-    launch = Launch(rt, "attn.cu", f"flash_attn_{k.dtype.name}_h{nh}", (splits, out.ne[2] // nh, tokens),
-                    (FLASH_THREADS, 1, 1), args, what=what)
-    launch.workspace = ws  # lives as long as the launch record
-    return launch
+    args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk),
+                np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]))
+    args.ptr(ws.ptr)
+    chunks = Launch(rt, "attn.cu", name, (splits, out.ne[2] // nh, tokens), (FLASH_THREADS, 1, 1), args,
+                    smem=tiles, what=what)
+    combine = Launch(rt, "attn.cu", "flash_combine", (rows, -(-hd // FLASH_COMBINE_OUT), 1),
+                     (FLASH_COMBINE_THREADS, 1, 1), Args().tensor(out).ptr(ws.ptr).i32(splits).i32(hd), what=what)
+    chunks.workspace = ws  # lives as long as the launch records
+    return [chunks, combine]
 
 
 FLASH_THREADS = 128      # kernels/attn.cu FA_THREADS
+FLASH_COMBINE_THREADS, FLASH_COMBINE_OUT = 128, 32  # attn.cu FC_THREADS, FC_OUT
 FLASH_BLOCKS_PER_SM = 4
 
 

@@ -30,9 +30,12 @@ FUSED = ((("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "sof
          + tuple(c + ("cast",) for c in SOFTMAX_CHAINS) + FLASH)
 FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
 FLASH_MAX_HD = 256       # kernels/attn.cu FA_MAX_HD
-FLASH_CHUNKS = (256, 128, 64)  # positions per block, largest first (FA_MAX_CHUNK = 256)
-FLASH_MAX_SPLITS = 1024  # kernels/attn.cu FA_MAX_SPLITS: chunks per row
-FLASH_HEADS = (8, 4, 2, 1)     # query heads per block (attn.cu flash_attn_*_h<NH>)
+FLASH_CHUNKS = (256, 128, 64)  # positions per block of the generic build, largest first
+FLASH_MAX_SPLITS = 1024  # chunks per row (the combine keeps their weights in shared memory)
+FLASH_HEADS = (8, 4, 2, 1)     # query heads per block of the fast builds (flash_attn_*_h<NH>_d<HD>)
+FLASH_FAST_HD = (64, 128)      # head sizes with a fast build, for these cache dtypes:
+FLASH_FAST_DTYPES = (F16, BF16)
+FLASH_FAST_CHUNK = 64          # attn.cu FA_CHUNK
 
 SOFTMAX_NPT = (4, 8, 16, 32)  # register-resident softmax variants: values per thread
 MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)

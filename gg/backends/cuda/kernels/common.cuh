@@ -215,6 +215,8 @@ template <> __device__ __forceinline__ V16 pack16<bf16>(const float* v) {
     return a;
 }
 
+__device__ __forceinline__ void prefetch_l1(const char* p) { asm volatile("prefetch.global.L1 [%0];" :: "l"(p)); }
+
 // Eight consecutive elements, streamed (see ld16_cs).
 template <class T> __device__ __forceinline__ void ld8_cs(const char* p, float* v) {
     unpack16<T>(ld16_cs(p), v);
@@ -303,4 +305,21 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 // on synchronize() and raises a BackendError naming the step that set it.
 __device__ __forceinline__ void report_error(int* err, int code) {
     if (err) atomicCAS(err, 0, code);
+}
+
+// Asynchronous 16-byte global -> shared copies (sm_80+): a block issues every load of a tile at
+// once and waits for them as a group, one memory round trip instead of one per loop iteration.
+// `bytes` < 16 copies that many and zero-fills the rest (0: nothing is read).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }

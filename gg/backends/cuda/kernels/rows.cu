@@ -1,5 +1,6 @@
 // get_rows (gather, e.g. embeddings) and set_rows (scatter by index, e.g. KV-cache writes).
-// Block (tx, ty): one row per y-slice. A row index out of range writes nothing (get_rows: zeros)
+// Block (tx, ty): one row per y-slice; a long row is also spread over blockIdx.y (a decode step's
+// single K row of n_embd values took 9 us on one block). A row index out of range writes nothing (get_rows: zeros)
 // and reports `code` through `err`, which the host turns into a BackendError at synchronize().
 #include "common.cuh"
 
@@ -17,7 +18,7 @@ __device__ __forceinline__ void get_rows_impl(char* dst, const TDesc& d, const c
     const bool ok = k >= 0 && k < ad.ne[1];
     if (!ok && threadIdx.x == 0) report_error(err, code);
     const char* arow = a + row_offs(ad, ok ? k : 0, i2, i3);
-    for (i64 i0 = threadIdx.x; i0 < d.ne[0]; i0 += blockDim.x) {
+    for (i64 i0 = threadIdx.x + (i64)blockIdx.y * blockDim.x; i0 < d.ne[0]; i0 += (i64)gridDim.y * blockDim.x) {
         if (RAW) {
             *(int*)(drow + i0 * d.nb[0]) = ok ? *(const int*)(arow + i0 * ad.nb[0]) : 0;
         } else {
@@ -54,7 +55,7 @@ __device__ __forceinline__ void set_rows_impl(char* dst, const TDesc& d, const c
     }
     const char* brow = b + row_offs(bd, i1, i2, i3);
     char* drow = dst + row_offs(d, k, i2, i3);
-    for (i64 i0 = threadIdx.x; i0 < d.ne[0]; i0 += blockDim.x) {
+    for (i64 i0 = threadIdx.x + (i64)blockIdx.y * blockDim.x; i0 < d.ne[0]; i0 += (i64)gridDim.y * blockDim.x) {
         st<TD>(drow + i0 * d.nb[0], ld<TS>(brow + i0 * bd.nb[0]));
     }
 }
