@@ -27,10 +27,12 @@ GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-e
     > "$OUT/racecheck_pytest.log" 2>&1
 rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
-# initcheck: no kernel reads device memory nobody wrote (arenas are not zeroed).
+# initcheck: no kernel reads device memory nobody wrote (arenas are not zeroed). The large cuBLAS
+# GEMM is left out: initcheck does not see the writes of the Hopper GEMM kernel cuBLAS picks
+# there (every byte of its correct output is reported uninitialized when read back).
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool initcheck --error-exitcode 99 --log-file "$OUT/initcheck.log" \
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py tests/test_flash.py \
-    -k "not out_of_memory" > "$OUT/initcheck_pytest.log" 2>&1
+    -k "not out_of_memory and not cublas_large" > "$OUT/initcheck_pytest.log" 2>&1
 rc=$?; echo "initcheck exit $rc" | tee -a "$OUT/initcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 # The sanitizer must catch a planted out-of-bounds write made through gg's launch path.
