@@ -8,9 +8,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gg-bench}
 mkdir -p "$OUT"
-. scripts/wheels.sh
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
-export PYTHONUNBUFFERED=1
+. scripts/gpu_env.sh
 ONLY=${ONLY:-ops attention attention_gqa}
 small=()
 [ -n "${SMALL:-}" ] && small=(--small)

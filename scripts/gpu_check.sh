@@ -6,9 +6,7 @@
 set -u
 OUT=${OUT:-gpu_check_logs}
 mkdir -p "$OUT"
-. "$(dirname "$0")/wheels.sh"   # nvmath-python (cuBLAS) from carried wheels, when there are any
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
-export PYTHONUNBUFFERED=1
+. "$(dirname "$0")/gpu_env.sh"   # PYTHONPATH, and nvmath-python (cuBLAS) from carried wheels
 status=0
 
 python3 -m pytest -m cuda -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/pytest_cuda.log" || true
@@ -17,7 +15,7 @@ grep -qE "^[0-9]+ passed" "$OUT/pytest_cuda.log" && ! grep -qE "[0-9]+ (failed|e
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # memcheck runs the real path (CUDA graphs on); racecheck launches kernels one by one.
 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
-    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py -k "not out_of_memory" \
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py tests/test_matvec_add.py -k "not out_of_memory" \
     > "$OUT/memcheck_pytest.log" 2>&1
 rc=$?; echo "memcheck exit $rc" | tee -a "$OUT/memcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
@@ -31,7 +29,7 @@ rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq
 # GEMM is left out: initcheck does not see the writes of the Hopper GEMM kernel cuBLAS picks
 # there (every byte of its correct output is reported uninitialized when read back).
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool initcheck --error-exitcode 99 --log-file "$OUT/initcheck.log" \
-    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py tests/test_flash.py \
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py tests/test_flash.py tests/test_matvec_add.py \
     -k "not out_of_memory and not cublas_large" > "$OUT/initcheck_pytest.log" 2>&1
 rc=$?; echo "initcheck exit $rc" | tee -a "$OUT/initcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 

@@ -7,9 +7,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gg-dev}
 mkdir -p "$OUT"
-. scripts/wheels.sh
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
-export PYTHONUNBUFFERED=1
+. scripts/gpu_env.sh
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
 if [ -n "${TESTS:-}" ]; then

@@ -272,7 +272,6 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
         for (int e = tid; e < NH * hd; e += FA_THREADS) ws_o[(row_of(e / hd) * S + split) * hd + e % hd] = 0.0f;
     }
-
 }
 
 // The chunks of each row (query head of a token) combined: block (row, FC_OUT outputs), threads
@@ -282,7 +281,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 #define FC_OUT 32
 extern "C" __global__ void __launch_bounds__(FC_THREADS)
     flash_combine(char* dst, TDesc d, const float* ws, int S, int hd) {
-    constexpr int SLICES = FC_THREADS / FC_OUT, MAX_PER = FA_MAX_SPLITS / SLICES;
+    constexpr int SLICES = FC_THREADS / FC_OUT;
     __shared__ float w[FA_MAX_SPLITS];
     __shared__ float part[SLICES][FC_OUT];
     __shared__ float red[32];
