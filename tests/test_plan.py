@@ -310,3 +310,27 @@ def test_profile_table(rng):
     assert "TFLOP/s" in str(prof)
     ref = (x.numpy() / np.sqrt((x.numpy().astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w.numpy()) @ W.numpy().T
     assert nmse(y.numpy(), ref) < 1e-6
+
+
+def test_fold_casts_into_the_softmax(rng, monkeypatch):
+    """The softmax writes the F16 operand of the cuBLAS K·V product itself (`fold_casts`)."""
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    _, kqv = _gqa_attention(rng)
+    steps = gg.build_forward(kqv, backends=("cuda", "cpu")).plan.steps
+    assert [(s.ops, s.kernel) for s in steps if "soft_max" in s.ops] == [(("soft_max", "cast"), "soft_max_cast_f16")]
+    assert sum(s.inserted for s in steps) == 1  # only q's cast remains a step of its own
+
+
+@pytest.mark.parametrize("also", ["output", "view"])
+def test_fold_casts_keeps_a_value_needed_in_f32(rng, monkeypatch, also):
+    """No fold when the softmax's F32 result is needed too: a graph output, or read through a view."""
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    _, kqv = _gqa_attention(rng)
+    probs = kqv.src[1]
+    extra = probs if also == "output" else gg.cont(gg.view_1d(probs, 10, 0))
+    steps = gg.build_forward(kqv, extra, backends=("cuda", "cpu")).plan.steps
+    assert [s.ops for s in steps if "soft_max" in s.ops] == [("soft_max",)]
+    casts = [s for s in steps if s.ops == ("cast",) and s.out.src[0] is probs]
+    assert len(casts) == 1 and casts[0].inserted and casts[0].out.dtype is gg.F16
