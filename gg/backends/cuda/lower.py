@@ -179,21 +179,8 @@ def _norm(rt, step, what: str) -> Launch:
 
 
 def _flash(rt, step, what: str) -> list[Launch]:
-    kq, *mid, kqv = step.nodes
-    sm = mid[-1]
-    k, q = step.srcs(kq)
-    v = step.srcs(kqv)[0]
+    k, q, v, mask, cx, post, n_past = support.flash_parts(step.nodes, step.srcs)
     out = step.out
-    n_past, mask = -1, None
-    if len(mid) == 1:  # soft_max_ext(kq, mask, scale)
-        cx, post = sm.params.scale, 1.0
-        mask = step.srcs(sm)[1] if len(sm.src) > 1 else None
-    else:              # scale -> add(mask) | diag_mask_inf -> soft_max
-        cx, post = mid[0].params.s, sm.params.scale
-        if mid[1].op == "add":
-            mask = step.srcs(mid[1])[1]
-        else:
-            n_past = mid[1].params.n_past
     hd, n_kv = k.ne[0], k.ne[1]
     tokens = out.ne[1] * out.ne[3]
     fast_splits = -(-n_kv // support.FLASH_FAST_CHUNK)

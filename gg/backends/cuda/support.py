@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ...dtypes import BF16, DType, F16, F32, I32
 from ...tensor import Tensor
@@ -184,11 +184,10 @@ def flash_ok(nodes: Sequence[Tensor]) -> bool:
     """The flash kernel computes this K·q -> [scale -> mask ->] softmax -> ·V chain: few query
     tokens, K and V of one float dtype with the same heads and head size, q F32, a full-row mask,
     no ALiBi."""
-    kq, *mid, kqv = nodes
+    _, *mid, kqv = nodes
     sm = mid[-1]
-    k, q = kq.src
-    v, probs = kqv.src
-    if probs is not sm or any(n.src[0] is not prev for prev, n in zip(nodes, mid)):
+    k, q, v, mask, *_ = flash_parts(nodes)
+    if kqv.src[1] is not sm or any(n.src[0] is not prev for prev, n in zip(nodes, mid)):
         return False
     if not all(supports_node(n) for n in mid) or any(n.dtype is not F32 for n in mid):
         return False
@@ -200,8 +199,22 @@ def flash_ok(nodes: Sequence[Tensor]) -> bool:
             or -(-n_kv // FLASH_CHUNKS[0]) > FLASH_MAX_SPLITS or sm.params.max_bias != 0.0
             or kqv.ne[2] * kqv.ne[3] * q.ne[1] > GRID_YZ_MAX):
         return False
-    mask = sm.src[1] if len(sm.src) > 1 else (mid[1].src[1] if mid[1].op == "add" else None)
     return mask is None or (mask.dtype in (F32, F16) and mask.ne[0] == n_kv)
+
+
+def flash_parts(nodes: Sequence[Tensor], srcs: Callable[[Tensor], tuple[Tensor, ...]] = lambda n: n.src):
+    """(k, q, v, mask, cx, post, n_past) of a FLASH chain: scores are post * (cx * K·q + mask),
+    n_past >= 0 for diag_mask_inf. `srcs` reads a node's sources (the lowering passes the step's,
+    which apply the planner's substitutions)."""
+    kq, *mid, kqv = nodes
+    sm = mid[-1]
+    (k, q), v = srcs(kq), srcs(kqv)[0]
+    if len(mid) == 1:  # soft_max_ext(kq, mask, scale)
+        return k, q, v, (srcs(sm)[1] if len(sm.src) > 1 else None), sm.params.scale, 1.0, -1
+    scale, masking = mid[0], mid[1]  # scale -> add(mask) | diag_mask_inf -> soft_max
+    if masking.op == "add":
+        return k, q, v, srcs(masking)[1], scale.params.s, sm.params.scale, -1
+    return k, q, v, None, scale.params.s, sm.params.scale, masking.params.n_past
 
 
 def flash_heads(n_head: int, n_head_kv: int) -> int:

@@ -215,6 +215,7 @@ template <> __device__ __forceinline__ V16 pack16<bf16>(const float* v) {
     return a;
 }
 
+// A hint that p's line will be read soon: brought into L1 without holding a register.
 __device__ __forceinline__ void prefetch_l1(const char* p) { asm volatile("prefetch.global.L1 [%0];" :: "l"(p)); }
 
 // Eight consecutive elements, streamed (see ld16_cs).

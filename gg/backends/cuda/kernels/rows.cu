@@ -1,7 +1,8 @@
 // get_rows (gather, e.g. embeddings) and set_rows (scatter by index, e.g. KV-cache writes).
 // Block (tx, ty): one row per y-slice; a long row is also spread over blockIdx.y (a decode step's
-// single K row of n_embd values took 9 us on one block). A row index out of range writes nothing (get_rows: zeros)
-// and reports `code` through `err`, which the host turns into a BackendError at synchronize().
+// single K row of n_embd values took 9 us on one block). A row index out of range writes nothing
+// (get_rows: zeros) and reports `code` through `err`, which the host turns into a BackendError at
+// synchronize().
 #include "common.cuh"
 
 // get_rows: dst (ne0, n, ne2, ne3) F32 (I32 for I32 sources); idx I32 (n, a.ne2, a.ne3).
