@@ -17,21 +17,27 @@ except Exception:  # noqa: BLE001 - torch is optional
     HAVE_TORCH = False
 
 
-def time_gg(graph: gg.Graph, iters: int = 50, warmup: int = 3) -> tuple[float, float]:
+def time_gg(graph: gg.Graph, iters: int = 50, warmup: int = 3, min_seconds: float = 0.05) -> tuple[float, float]:
     """(device-bound seconds per compute, host seconds per compute call). Computes are enqueued
     back to back with sync=False, so the first figure is throughput; the second is what one
-    `compute()` call costs the Python thread."""
+    `compute()` call costs the Python thread. A run shorter than `min_seconds` is repeated with
+    more computes: the one synchronize at the end (tens of us) would otherwise be a visible part
+    of a 40 us kernel's figure."""
     for _ in range(warmup):
         graph.compute()
     gg.synchronize()
-    host = 0.0
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        h0 = time.perf_counter()
-        graph.compute(sync=False)
-        host += time.perf_counter() - h0
-    gg.synchronize()
-    return (time.perf_counter() - t0) / iters, host / iters
+    while True:
+        host = 0.0
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            h0 = time.perf_counter()
+            graph.compute(sync=False)
+            host += time.perf_counter() - h0
+        gg.synchronize()
+        total = time.perf_counter() - t0
+        if total >= min_seconds:
+            return total / iters, host / iters
+        iters = int(iters * min_seconds / max(total, 1e-9)) + 1
 
 
 def time_torch(fn: Callable[[], object], iters: int = 50, warmup: int = 3) -> float:

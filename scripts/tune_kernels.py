@@ -69,8 +69,6 @@ def main() -> None:
         run(f"SOFTMAX_MAX_THREADS={mx}", case_softmax, SOFTMAX_MAX_THREADS=mx)
     for mt in (64, 128, 256, 512):
         run(f"NORM_MIN_THREADS={mt}", case_rms_norm, NORM_MIN_THREADS=mt)
-    for rpb in (1, 2, 4, 8, 16):
-        run(f"NORM_ROWS_PER_BLOCK={rpb}", case_rms_norm, NORM_ROWS_PER_BLOCK=rpb)
     from gg.backends.cuda import launch
     default = launch.ROW_ITEMS_PER_THREAD
     for items in (1, 2, 4, 8):

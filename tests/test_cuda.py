@@ -113,7 +113,8 @@ def test_unary_on_transposed_view(rng):
 # ---- norms ------------------------------------------------------------------------------------
 @cuda
 @pytest.mark.parametrize("op", ["rms_norm", "norm"])
-@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096, 12289, 20000])  # 12289+: row not cached
+# 64, 136, 3000, 4096: register builds of 32, 32, 256, 256 threads; 12289+: row not cached
+@pytest.mark.parametrize("ne0", [1, 5, 64, 136, 511, 1025, 3000, 4096, 12289, 20000])
 @pytest.mark.parametrize("dtype", [gg.F32, gg.F16])
 def test_norm(rng, op, ne0, dtype):
     x = rand(rng, 3, ne0) * 2 + 1

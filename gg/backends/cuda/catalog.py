@@ -10,7 +10,7 @@ from itertools import product
 
 from ...errors import CompileError
 from . import compiler
-from .support import FLASH_FAST_DTYPES, FLASH_FAST_HD, FLASH_HEADS, SOFTMAX_NPT
+from .support import FLASH_FAST_DTYPES, FLASH_FAST_HD, FLASH_HEADS, NORM_REG_BUILDS, SOFTMAX_NPT
 
 FLOAT_NAMES = ("f32", "f16", "bf16")
 
@@ -30,6 +30,8 @@ def variants() -> list[Variant]:
         v.append(Variant("unary.cu", f"{op}_{t}"))
     for op, t in product(("rms_norm", "norm"), FLOAT_NAMES):
         v.append(Variant("norm.cu", f"{op}_{t}"))
+        for threads, _ in NORM_REG_BUILDS:
+            v.append(Variant("norm.cu", f"{op}_reg{threads}_{t}"))
     for t in FLOAT_NAMES:  # output dtype: f16 / bf16 when a cast is folded into the softmax
         v.append(Variant("softmax.cu", f"soft_max_{t}"))
         for npt in SOFTMAX_NPT:
@@ -45,7 +47,7 @@ def variants() -> list[Variant]:
     v.append(Variant("cpy.cu", "cpy_i32_i32"))
     for s, d in product(FLOAT_NAMES, FLOAT_NAMES):
         v.append(Variant("cpy.cu", f"cpy_t_{s}_{d}"))
-    for kind, a, b in product(("vec1", "vec", "tiled"), FLOAT_NAMES, FLOAT_NAMES):
+    for kind, a, b in product(("vec1", "vec", "vecw", "tiled"), FLOAT_NAMES, FLOAT_NAMES):
         v.append(Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}"))
     v.append(Variant("attn.cu", "flash_combine"))
     for t in FLOAT_NAMES:

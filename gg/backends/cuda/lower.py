@@ -19,10 +19,8 @@ from .launch import Args, Launch, addr, block_per_row, rows_config, vec_rows
 
 SOFTMAX_CACHE_BYTES = 48 * 1024  # rows up to 12288 floats stay in shared memory
 NORM_CACHE_BYTES = 48 * 1024
-NORM_REG_CHUNKS = 4    # kernels/norm.cu: 8-element chunks a thread keeps in registers
 NORM_MIN_THREADS = 128
 NORM_MAX_THREADS = 512   # and never more than the compiled kernel's register use allows
-NORM_ROWS_PER_BLOCK = 4  # rows a block takes when it stages the weight row in shared memory
 
 
 def _rows(t: Tensor) -> int:
@@ -92,7 +90,9 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
             return [Launch(rt, "cpy.cu", f"cpy_t_{a.dtype.name}_{out.dtype.name}", grid, (32, 8, 1),
                            Args().tensor(out).tensor(a), what=what)]
         vec = same and vec_rows(out, a)
-        grid, block = rows_config(out.ne[0] // group(a, out) if vec else out.ne[0], _rows(out), split=True)
+        # vec: 512 threads (each with two 16-byte groups in flight) measured 2% faster than 256
+        grid, block = rows_config(out.ne[0] // group(a, out) if vec else out.ne[0], _rows(out),
+                                  CPY_VEC_THREADS if vec else 256, split=True)
         args = Args().tensor(out).tensor(a).i32(int(same)).i32(int(vec))
         name = "cpy_i32_i32" if a.dtype is I32 else f"cpy_{a.dtype.name}_{out.dtype.name}"
         return [Launch(rt, "cpy.cu", name, grid, block, args, what=what)]
@@ -105,6 +105,8 @@ MMV_BLOCK = 128  # threads per mat-vec block
 
 
 MMV_BATCH = 4    # kernels/mul_mat.cu: 16-byte loads a thread issues before using them
+MMVW_THREADS = 256  # kernels/mul_mat.cu: threads per row of the wide mat-vec
+CPY_VEC_THREADS = 512
 
 
 def mmv_threads_per_row(work: int, batch: int) -> int:
@@ -146,35 +148,36 @@ def _norm(rt, step, what: str) -> Launch:
     nodes = step.nodes
     first, out = nodes[0], step.out
     x = step.srcs(first)[0]
-    args = Args().tensor(out).tensor(x).f32(first.params.eps)
-    for extra in (1, 2):  # the mul's weight, then the add's bias, when fused
-        if len(nodes) > extra:
-            t = step.srcs(nodes[extra])[1]
-            args.tensor(t).i32(_code(t))
-        else:
-            args.none().i32(0)
     n = out.ne[0]
     vec = n % 8 == 0 and _aligned16(x) and _aligned16(out)
     operands = [step.srcs(node)[1] for node in nodes[1:]]
     wvec = all(t.dtype is F32 and t.ne[0] == n and _aligned16(t) for t in operands)
+    # The register builds (kernels/norm.cu norm_reg_impl): the first whose block holds the row
+    # with at least min(NORM_MIN_THREADS, chunks) threads.
+    chunks = n // 8
+    threads = next((t for t, per in support.NORM_REG_BUILDS
+                    if t * per >= chunks and t >= min(NORM_MIN_THREADS, chunks)), 0)
+    if vec and wvec and threads:
+        args = Args().tensor(out).tensor(x).f32(first.params.eps)
+        for t in operands + [None] * (2 - len(operands)):  # the mul's weight, the add's bias
+            if t is None:
+                args.none()
+            else:
+                args.tensor(t)
+        name = f"{first.op}_reg{threads}_{out.dtype.name}"
+        return Launch(rt, "norm.cu", name, (_rows(out), 1, 1), (threads, 1, 1), args, what=what)
+    args = Args().tensor(out).tensor(x).f32(first.params.eps)
+    for t in operands + [None] * (2 - len(operands)):
+        if t is None:
+            args.none().i32(0)
+        else:
+            args.tensor(t).i32(_code(t))
     name = f"{first.op}_{out.dtype.name}"
     max_threads = min(NORM_MAX_THREADS, rt.max_threads("norm.cu", name) // 32 * 32)  # registers decide
-    regs = vec and n // 8 <= NORM_REG_CHUNKS * max_threads
-    cache = not regs and n * 4 <= NORM_CACHE_BYTES
-    # One weight (and bias) row for all rows: a block stages it in shared memory and takes
-    # NORM_ROWS_PER_BLOCK rows.
-    staged = len(operands) * n * 4
-    wsm = bool(regs and wvec and operands and _rows(out) > 1 and staged <= NORM_CACHE_BYTES
-               and all(t.ne[1] * t.ne[2] * t.ne[3] == 1 for t in operands))
-    args.i32(int(cache)).i32(int(vec)).i32(int(wvec)).i32(int(wsm))
-    if regs:  # at most NORM_REG_CHUNKS chunks per thread, at least NORM_MIN_THREADS threads
-        threads = max(min(NORM_MIN_THREADS, n // 8), -(-(n // 8) // NORM_REG_CHUNKS))
-        blocks = -(-_rows(out) // NORM_ROWS_PER_BLOCK) if wsm else _rows(out)
-        grid, block = block_per_row(threads, blocks, max_threads)
-        smem = staged if wsm else 0  # weight row, then the bias row (kernel: row + n)
-    else:
-        grid, block = block_per_row(n // 8 if vec else n, _rows(out), max_threads)
-        smem = n * 4 if cache else 0
+    cache = n * 4 <= NORM_CACHE_BYTES
+    args.i32(int(cache)).i32(int(vec))
+    grid, block = block_per_row(n // 8 if vec else n, _rows(out), max_threads)
+    smem = n * 4 if cache else 0
     return Launch(rt, "norm.cu", name, grid, block, args, smem=smem, what=what)
 
 
@@ -189,9 +192,9 @@ def _flash(rt, step, what: str) -> list[Launch]:
     if fast:  # compile-time sizes, tiles staged in shared memory, NH heads sharing K/V per block
         nh, chunk, splits = support.flash_heads(out.ne[2], k.ne[2]), support.FLASH_FAST_CHUNK, fast_splits
         name = f"flash_attn_{k.dtype.name}_h{nh}_d{hd}"
-        tiles = 2 * chunk * hd * k.dtype.size
+        smem = 2 * chunk * hd * k.dtype.size
     else:  # the largest chunk that still gives every SM a few blocks
-        nh, tiles, name = 1, 0, f"flash_attn_{k.dtype.name}_h1"
+        nh, smem, name = 1, 0, f"flash_attn_{k.dtype.name}_h1"
         fits = [c for c in support.FLASH_CHUNKS if -(-n_kv // c) <= support.FLASH_MAX_SPLITS]
         want = FLASH_BLOCKS_PER_SM * rt.sm_count
         chunk = next((c for c in fits if -(-n_kv // c) * out.ne[2] * tokens >= want), fits[-1])
@@ -207,7 +210,7 @@ def _flash(rt, step, what: str) -> list[Launch]:
                 np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]))
     args.ptr(ws.ptr)
     chunks = Launch(rt, "attn.cu", name, (splits, out.ne[2] // nh, tokens), (FLASH_THREADS, 1, 1), args,
-                    smem=tiles, what=what)
+                    smem=smem, what=what)
     combine = Launch(rt, "attn.cu", "flash_combine", (rows, -(-hd // FLASH_COMBINE_OUT), 1),
                      (FLASH_COMBINE_THREADS, 1, 1), Args().tensor(out).ptr(ws.ptr).i32(splits).i32(hd), what=what)
     chunks.workspace = ws  # lives as long as the launch records
@@ -241,9 +244,25 @@ def _soft_max(rt, step, what: str) -> Launch:
     n_log2 = 1 << int(math.floor(math.log2(n_head)))
     m0 = 2.0 ** (-max_bias / n_log2)
     m1 = 2.0 ** (-max_bias / 2.0 / n_log2)
-    args = Args().tensor(out).tensor(x)
+    # A mask shared by all heads (ne2 == 1) is read from DRAM once when the rows run heads-fastest:
+    # the blocks that use one mask row then run together and find it in L2. In row order a mask
+    # row is read again one head later, after every x and y row of a head and the whole mask went
+    # through L2; when that is more than half of L2 it comes from DRAM again (32 heads of
+    # [2048 x 2048]: 418 -> 392 us on the H100; with a 4 MiB mask row order was faster). The
+    # kernel gets that order from descriptors with dims 1 and 2 swapped; its row index i1 then
+    # counts heads, which only the causal test (n_past) and ALiBi (max_bias) would misread.
+    swap = mask is not None and mask.ne[2] == 1 and out.ne[2] > 1 and n_past < 0 and max_bias == 0.0
+    if swap:
+        rows_bytes = out.ne[1] * (x.ne[0] * x.dtype.size + out.ne[0] * out.dtype.size)
+        swap = rows_bytes + mask.ne[0] * mask.ne[1] * mask.dtype.size > rt.l2_bytes // 2
+    args = Args()
+    for t in (out, x) if mask is None else (out, x, mask):
+        ne, nb = list(t.ne), list(t.nb)
+        if swap:
+            ne[1], ne[2], nb[1], nb[2] = ne[2], ne[1], nb[2], nb[1]
+        args.ptr(addr(t)).desc(ne, nb)
     if mask is not None:
-        args.tensor(mask).i32(_code(mask))
+        args.i32(_code(mask))
     else:
         args.none().i32(0)
     args.f32(cx).f32(post).i32(n_past).f32(max_bias).f32(m0).f32(m1).i32(n_log2)
@@ -270,12 +289,19 @@ def _soft_max(rt, step, what: str) -> Launch:
 
 
 SOFTMAX_MAX_THREADS = 256
+SOFTMAX_MIN_THREADS = 64
+SOFTMAX_BEST_NPT = 16
 
 
 def softmax_values_per_thread(n: int) -> int:
     """Values each thread of a register-resident softmax holds for rows of n (0: too long, use
-    the shared-memory kernel): the fewest that keep a row within SOFTMAX_MAX_THREADS threads."""
-    return next((k for k in support.SOFTMAX_NPT if -(-n // k) <= SOFTMAX_MAX_THREADS), 0)
+    the shared-memory kernel): up to SOFTMAX_BEST_NPT while the block keeps SOFTMAX_MIN_THREADS
+    threads, else the fewest that keep a row within SOFTMAX_MAX_THREADS threads. On the H100
+    (scripts/kexp.py) 16 values x 64-256 threads beat 4-8 values with more threads at n = 1024,
+    2048, 4096, and 8 x 64 beat 4 x 128 at n = 512: fewer, fuller threads per row."""
+    fits = [k for k in support.SOFTMAX_NPT if -(-n // k) <= SOFTMAX_MAX_THREADS]
+    full = [k for k in fits if k <= SOFTMAX_BEST_NPT and -(-n // k) >= SOFTMAX_MIN_THREADS]
+    return max(full) if full else min(fits, default=0)
 
 
 def _mul_mat(rt, step, what: str):
@@ -293,8 +319,12 @@ def _mul_mat(rt, step, what: str):
             args.tensor(step.srcs(out)[1])
         else:
             args.none()
-        args.i32(int(vec))
         one = out.ne[1] == 1
+        if one and vec and a.ne[0] // (16 // a.dtype.size) >= MMVW_THREADS:
+            # long rows (weights): a block per row, every thread's loads in flight at once
+            return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_{a.dtype.name}_{b.dtype.name}", (out.ne[0], batches, 1),
+                          (MMVW_THREADS, 1, 1), args, what=what)
+        args.i32(int(vec))
         tpr = mmv_threads_per_row(a.ne[0] // 8 if vec else a.ne[0], MMV_BATCH if one else 1)
         rows_per_block = MMV_BLOCK // tpr
         grid = ((out.ne[0] + rows_per_block - 1) // rows_per_block, batches, 1)

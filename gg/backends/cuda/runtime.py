@@ -75,6 +75,7 @@ class Runtime:
             A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "attr")
         (self.sm_count,) = check(cu.cuDeviceGetAttribute(
             A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "attr")
+        (self.l2_bytes,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, self.device), "attr")
         (name,) = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.name = name.split(b"\0")[0].decode(errors="replace")
         self.cc = (int(major), int(minor))

@@ -38,6 +38,7 @@ FLASH_FAST_DTYPES = (F16, BF16)
 FLASH_FAST_CHUNK = 64          # attn.cu FA_CHUNK
 
 SOFTMAX_NPT = (4, 8, 16, 32)  # register-resident softmax variants: values per thread
+NORM_REG_BUILDS = ((32, 4), (256, 2), (512, 4))  # kernels/norm.cu register builds: (threads, 8-chunks each)
 MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 GRID_YZ_MAX = 65535

@@ -18,15 +18,25 @@ __device__ __forceinline__ void cpy_impl(char* dst, const TDesc& d, const char* 
     const char* srow = s + row_offs(sd, i1, i2, i3);
     const i64 start = (i64)blockIdx.y * blockDim.x + threadIdx.x, stride = (i64)gridDim.y * blockDim.x;
     if (vec) {  // RAW (I32) moves bits through float registers: no arithmetic touches them
+        // Two groups per iteration, both loads issued before either store (the compiler may not
+        // hoist a load above a store through char pointers that might alias): 37.6 -> 36.6 us
+        // for 4096 F32 -> F16 rows of 4096 (scripts/kexp.py, H100).
         constexpr int G = Group<TS, TD>::G;
-        for (i64 c = start; c < d.ne[0] / G; c += stride) {
-            float v[G];
+        constexpr int SS = RAW ? 4 : (int)sizeof(TS), SD = RAW ? 4 : (int)sizeof(TD);
+        const i64 groups = d.ne[0] / G;
+        for (i64 c = start; c < groups; c += 2 * stride) {
+            const bool two = c + stride < groups;
+            float v[G], u[G];
             if (RAW) {
                 ldg<float, 4>(srow + c * 16, v);
+                if (two) ldg<float, 4>(srow + (c + stride) * 16, u);
                 stg<float, 4>(drow + c * 16, v);
+                if (two) stg<float, 4>(drow + (c + stride) * 16, u);
             } else {
-                ldg<TS, G>(srow + c * G * (i64)sizeof(TS), v);
-                stg<TD, G>(drow + c * G * (i64)sizeof(TD), v);
+                ldg<TS, G>(srow + c * G * SS, v);
+                if (two) ldg<TS, G>(srow + (c + stride) * G * SS, u);
+                stg<TD, G>(drow + c * G * SD, v);
+                if (two) stg<TD, G>(drow + (c + stride) * G * SD, u);
             }
         }
         return;

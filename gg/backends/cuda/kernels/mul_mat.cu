@@ -81,6 +81,66 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
     }
 }
 
+// ---- wide mat-vec (decode on weights): one column, contiguous 16-byte aligned rows of K >= 8 *
+// MMVW_THREADS elements. A block of MMVW_THREADS threads per row, each with MMVW_BATCH 16-byte
+// loads in flight, kept as raw words until used (a K = 4096 F16 row is one round of loads);
+// partial sums meet in shared memory. Against mmv_impl's warp per row (scripts/kexp.py, H100):
+// [14336 x 4096] F16 45.8 -> 40.3 us, [4096 x 4096] 27.3 -> 18.8 us: short rows of work per
+// thread and a whole row's loads at once fill the machine even on a short wave of rows.
+#define MMVW_THREADS 256  // lower.py MMVW_THREADS
+#define MMVW_BATCH 2
+
+template <class TA, class TB>
+__device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
+                                          const TDesc& bd, const char* r, const TDesc& rd) {
+    constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
+    __shared__ float part[MMVW_THREADS / 32];
+    const i64 m = blockIdx.x;
+    // 32-bit index math, and none without batches: four 64-bit divisions (software, ~70
+    // instructions each) ahead of the first load cost a short wave of rows 3.5 us (4096 rows).
+    unsigned i2 = 0, i3 = 0, j2 = 0, j3 = 0;
+    if (gridDim.y > 1) {
+        i2 = blockIdx.y % (unsigned)d.ne[2];
+        i3 = blockIdx.y / (unsigned)d.ne[2];
+        j2 = i2 / ((unsigned)bd.ne[2] / (unsigned)ad.ne[2]);
+        j3 = i3 / ((unsigned)bd.ne[3] / (unsigned)ad.ne[3]);
+    }
+    const char* arow = a + m * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
+    const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
+    const int chunks = (int)(ad.ne[0] / G);
+    float acc = 0.0f;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
+        V16 av[MMVW_BATCH];
+#pragma unroll
+        for (int u = 0; u < MMVW_BATCH; ++u) {
+            const int c = c0 + u * MMVW_THREADS;
+            if (c < chunks) av[u] = ld16_cs(arow + (i64)c * 16);
+        }
+#pragma unroll
+        for (int u = 0; u < MMVW_BATCH; ++u) {
+            const int c = c0 + u * MMVW_THREADS;
+            if (c < chunks) {
+                float w[G], x[G];
+                unpack16<TA>(av[u], w);
+                if (G == 8) ld8<TB>(brow + (i64)c * 8 * (i64)sizeof(TB), x);
+                else ldg<TB, 4>(brow + (i64)c * 4 * (i64)sizeof(TB), x);
+#pragma unroll
+                for (int i = 0; i < G; ++i) acc += w[i] * x[i];
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MMVW_THREADS / 32; ++i) v += part[i];
+        if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+        *(float*)(dst + m * d.nb[0] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
+    }
+}
+
 // ---- tiled GEMM for everything else without cuBLAS (attention products on strided cache
 // views, GQA, or no nvmath): 64x64 output tile per block of 256 threads, 4x4 per thread, K in
 // steps of 16 through shared memory, fp32 accumulation.
@@ -154,6 +214,11 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
                                                         const char* b, TDesc bd, const char* r, TDesc rd, \
                                                         int vec) {                                        \
         mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, r, rd, vec);                                 \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
+        mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
+                                 const char* r, TDesc rd) {                                               \
+        mmvw_impl<TA, TB>(dst, d, a, ad, b, bd, r, rd);                                                   \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \

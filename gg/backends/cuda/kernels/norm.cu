@@ -27,11 +27,17 @@ __device__ __forceinline__ float operand_at(const Operand& o, i64 i0, i64 n) {
     return ld_dt(o.row + (o.ne0 == n ? i0 : i0 % o.ne0) * o.nb0, o.dt);
 }
 
-// The register path: the row is read once with all its loads in flight and never touches shared
-// memory. Thread t holds groups t, t + blockDim.x, ... of G elements, G being what one 16-byte
-// load brings (4 F32, 8 F16/BF16), so a warp's loads cover contiguous bytes; NORM_REG_CHUNKS * 8
-// elements per thread at most. wvec: the weight and bias rows are F32, full length, 16-byte aligned.
-#define NORM_REG_CHUNKS 4
+// The register path, a kernel of its own: sharing an entry with norm_impl's general paths (and
+// keeping runtime-dtype operands, 64-bit offsets per group, a run-time block size) cost it 124
+// registers, 4 blocks of 128 threads per SM, and the [4096 x 2^18] rms_norm*w ran at 0.78 of the
+// copy roof; lean (~40 registers) it runs at the copy's speed (scripts/kexp.py measures both).
+// One block of THREADS (a compile-time constant: a thread's group offsets are immediates) per
+// row; the row is read once with all its loads in flight and never touches shared memory.
+// Thread t holds groups t, t + THREADS, ... of G elements (what one 16-byte load brings: 4 F32,
+// 8 F16/BF16) as raw 16-byte words, at most CHUNKS * 8 elements. Host-checked: x and dst rows
+// contiguous, 16-byte aligned, ne0 % 8 == 0; weight and bias rows F32, full length, aligned.
+// Weight and bias rows come through L1 (every block of an SM reads the same ones): staging
+// them in shared memory for blocks that take several rows measured 3-5% slower.
 
 // G consecutive F32 values of a weight/bias row (16-byte aligned), as floats.
 template <int G> __device__ __forceinline__ void ldw(const char* p, float* v) {
@@ -39,37 +45,43 @@ template <int G> __device__ __forceinline__ void ldw(const char* p, float* v) {
     else ld8<float>(p, v);
 }
 
-template <bool RMS, class T>
-__device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, float eps, const Operand& wo,
-                                          const Operand& co, int wvec, const char* ws, const char* cs,
-                                          float* sh) {
+template <bool RMS, class T, int THREADS, int CHUNKS>
+__device__ __forceinline__ void norm_reg_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd, float eps,
+                                              const char* w, const TDesc& wd, const char* c, const TDesc& cd) {
     constexpr int G = 16 / (int)sizeof(T);
-    constexpr int NG = NORM_REG_CHUNKS * 8 / G;
-    const i64 groups = n / G;
-    float v[NG][G];
+    constexpr int NG = CHUNKS * 8 / G;
+    __shared__ float sh[32];
+    const int n = (int)d.ne[0], groups = n / G, t0 = threadIdx.x;
+    i64 i1, i2, i3;
+    row_index(blockIdx.x, d, i1, i2, i3);
+    const char* xrow = x + row_offs(xd, i1, i2, i3);
+    char* drow = dst + row_offs(d, i1, i2, i3);
+    if (w) w += row_offs(wd, i1 % wd.ne[1], i2 % wd.ne[2], i3 % wd.ne[3]);
+    if (c) c += row_offs(cd, i1 % cd.ne[1], i2 % cd.ne[2], i3 % cd.ne[3]);
+    V16 v[NG];
     float s = 0.0f, ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
-        const i64 k = threadIdx.x + (i64)j * blockDim.x;
+        const int k = t0 + j * THREADS;
         if (k < groups) {
-            unpack16<T>(ld16_cs(xrow + k * 16), v[j]);
+            v[j] = ld16_cs(xrow + k * 16);
+            float f[G];
+            unpack16<T>(v[j], f);
 #pragma unroll
             for (int i = 0; i < G; ++i) {
-                s += v[j][i];
-                ss += v[j][i] * v[j][i];
+                s += f[i];
+                ss += f[i] * f[i];
             }
         }
     }
-    // Weight and bias rows in global memory are prefetched into L1 now, in flight with x and the
-    // reduction: fetched after it they cost one more memory round trip per group, the larger part
-    // of a one-row (decode) norm's 8 us. Prefetches take no registers, unlike loading them here.
-    if (wvec) {
+    // The weight and bias rows are prefetched into L1 now, in flight with x and the reduction:
+    // fetched after it they cost one more memory round trip, the larger part of a one-row
+    // (decode) norm's 8 us. Prefetches take no registers, unlike loading them here.
 #pragma unroll
-        for (int j = 0; j < NG; ++j) {
-            const i64 k = threadIdx.x + (i64)j * blockDim.x;
-            if (k < groups && wo.row && !ws) prefetch_l1(wo.row + k * G * 4);
-            if (k < groups && co.row && !cs) prefetch_l1(co.row + k * G * 4);
-        }
+    for (int j = 0; j < NG; ++j) {
+        const int k = t0 + j * THREADS;
+        if (k < groups && w) prefetch_l1(w + k * G * 4);
+        if (k < groups && c) prefetch_l1(c + k * G * 4);
     }
     float mean = 0.0f, var;
     if (RMS) {
@@ -79,9 +91,11 @@ __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, f
         float q = 0.0f;
 #pragma unroll
         for (int j = 0; j < NG; ++j) {
-            if (threadIdx.x + (i64)j * blockDim.x < groups) {
+            if (t0 + j * THREADS < groups) {
+                float f[G];
+                unpack16<T>(v[j], f);
 #pragma unroll
-                for (int i = 0; i < G; ++i) q += (v[j][i] - mean) * (v[j][i] - mean);
+                for (int i = 0; i < G; ++i) q += (f[i] - mean) * (f[i] - mean);
             }
         }
         var = block_sum(q, sh) / (float)n;
@@ -89,29 +103,21 @@ __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, f
     const float inv = 1.0f / sqrtf(var + eps);
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
-        const i64 k = threadIdx.x + (i64)j * blockDim.x;
+        const int k = t0 + j * THREADS;
         if (k >= groups) continue;
-        float y[G];
+        float y[G], t[G];
+        unpack16<T>(v[j], y);
 #pragma unroll
-        for (int i = 0; i < G; ++i) y[i] = (v[j][i] - mean) * inv;
-        if (wvec) {  // from the shared-memory copy when the block staged one (ws, cs)
-            float t[G];
-            if (wo.row) {
-                ldw<G>((ws ? ws : wo.row) + k * G * 4, t);
+        for (int i = 0; i < G; ++i) y[i] = (y[i] - mean) * inv;
+        if (w) {
+            ldw<G>(w + k * G * 4, t);
 #pragma unroll
-                for (int i = 0; i < G; ++i) y[i] *= t[i];
-            }
-            if (co.row) {
-                ldw<G>((cs ? cs : co.row) + k * G * 4, t);
+            for (int i = 0; i < G; ++i) y[i] *= t[i];
+        }
+        if (c) {
+            ldw<G>(c + k * G * 4, t);
 #pragma unroll
-                for (int i = 0; i < G; ++i) y[i] += t[i];
-            }
-        } else {
-#pragma unroll 1
-            for (int i = 0; i < G; ++i) {
-                if (wo.row) y[i] *= operand_at(wo, k * G + i, n);
-                if (co.row) y[i] += operand_at(co, k * G + i, n);
-            }
+            for (int i = 0; i < G; ++i) y[i] += t[i];
         }
         st16_cs(drow + k * 16, pack16<T>(y));
     }
@@ -120,37 +126,11 @@ __device__ __forceinline__ void norm_regs(char* drow, const char* xrow, i64 n, f
 template <bool RMS, class T>
 __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd, float eps,
                                           const char* w, const TDesc& wd, int wdt, const char* c,
-                                          const TDesc& cd, int cdt, int cache, int vec, int wvec,
-                                          int wsm) {
+                                          const TDesc& cd, int cdt, int cache, int vec) {
     extern __shared__ float row[];
     __shared__ float sh[32];
     const i64 n = d.ne[0];
     const i64 chunks = n / 8;
-
-    if (vec && !cache && chunks <= NORM_REG_CHUNKS * (i64)blockDim.x) {
-        // wsm: the weight/bias rows are the same for every row (host-checked, with wvec), so the
-        // block copies them to shared memory once and takes several rows (grid-stride): every
-        // block re-reading them through L2 kept L2 saturated at two thirds of the DRAM roof.
-        const char *ws = nullptr, *cs = nullptr;
-        if (wsm) {
-            ws = (const char*)row;
-            cs = (const char*)(row + n);
-            for (i64 k = threadIdx.x; k < n / 4; k += blockDim.x) {
-                if (w) ((V16*)row)[k] = *(const V16*)(w + k * 16);
-                if (c) ((V16*)(row + n))[k] = *(const V16*)(c + k * 16);
-            }
-            __syncthreads();
-        }
-        const i64 rows = d.ne[1] * d.ne[2] * d.ne[3];
-        for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-            i64 i1, i2, i3;
-            row_index(r, d, i1, i2, i3);
-            norm_regs<RMS, T>(dst + row_offs(d, i1, i2, i3), x + row_offs(xd, i1, i2, i3), n, eps,
-                              operand_row(w, wd, wdt, i1, i2, i3), operand_row(c, cd, cdt, i1, i2, i3), wvec,
-                              ws, cs, sh);
-        }
-        return;
-    }
     i64 i1, i2, i3;
     row_index(blockIdx.x, d, i1, i2, i3);
     const char* xrow = x + row_offs(xd, i1, i2, i3);
@@ -232,8 +212,17 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
 #define GG_NORM(NAME, RMS, T, S)                                                                     \
     extern "C" __global__ void NAME##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps,    \
                                           const char* w, TDesc wd, int wdt, const char* c, TDesc cd, \
-                                          int cdt, int cache, int vec, int wvec, int wsm) {         \
-        norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec, wvec, wsm);        \
+                                          int cdt, int cache, int vec) {                             \
+        norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec);                   \
+    }                                                                                                \
+    GG_NORM_REG(NAME, RMS, T, S, 32, 4) GG_NORM_REG(NAME, RMS, T, S, 256, 2) GG_NORM_REG(NAME, RMS, T, S, 512, 4)
+
+// (threads, chunks of 8 per thread): support.py NORM_REG_BUILDS
+#define GG_NORM_REG(NAME, RMS, T, S, THREADS, CHUNKS)                                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                  \
+        NAME##_reg##THREADS##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps, const char* w,  \
+                                  TDesc wd, const char* c, TDesc cd) {                                     \
+        norm_reg_impl<RMS, T, THREADS, CHUNKS>(dst, d, x, xd, eps, w, wd, c, cd);                          \
     }
 
 GG_NORM(rms_norm, true, float, f32)

@@ -1,0 +1,97 @@
+"""The CUDA lowering's fast paths, each checked to be the one that ran (the launches are recorded)
+and compared with float64 numpy: the wide mat-vec (a block per weight row), the register builds
+of rms_norm/norm, and the heads-fastest softmax order for a mask shared by all heads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gg
+from reference import ref_mul_mat, ref_norm, ref_rms_norm
+from reference_helpers import nmse
+
+cuda = pytest.mark.cuda
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Names of the kernels the CUDA lowering launches while the test runs."""
+    from gg.backends.cuda import lower
+    names: list[str] = []
+    base = lower.Launch
+
+    class Recorded(base):
+        def __init__(self, rt, file, name, *args, **kwargs):
+            names.append(name)
+            super().__init__(rt, file, name, *args, **kwargs)
+    monkeypatch.setattr(lower, "Launch", Recorded)
+    return names
+
+
+def rand(rng, *shape, dtype=np.float32):
+    return (rng.standard_normal(shape) + 0.1).astype(dtype)
+
+
+@cuda
+@pytest.mark.parametrize("k", [2048, 2056, 4104])  # one round of loads, a partial one, several
+@pytest.mark.parametrize("adt", [gg.F32, gg.F16, gg.BF16])
+@pytest.mark.parametrize("bdt", [gg.F32, gg.F16])
+def test_wide_matvec(rng, launches, k, adt, bdt):
+    a = rand(rng, 2, 37, k)        # ne (k, 37, 2): two heads of weights ...
+    b = rand(rng, 1, 4, 1, k)      # ... broadcast over b's 4 (GQA-style division)
+    ctx = gg.Context()
+    at, bt = ctx.tensor(a, dtype=adt), ctx.tensor(b, dtype=bdt)
+    y = gg.mul_mat(at, bt)
+    gg.build_forward(y, backends=("cuda",)).compute()
+    assert launches == [f"mul_mat_vecw_{adt.name}_{bdt.name}"]
+    ref = ref_mul_mat(at.numpy(), bt.numpy())  # the operands as stored (rounded to F16/BF16)
+    assert nmse(y.numpy(), ref.reshape(y.numpy().shape)) <= 1e-7
+
+
+@cuda
+def test_wide_matvec_with_residual(rng, launches):
+    ctx = gg.Context()
+    w, x, r = ctx.tensor(rand(rng, 300, 4096, dtype=np.float16)), ctx.tensor(rand(rng, 1, 4096)), ctx.tensor(rand(rng, 1, 300))
+    y = gg.add(gg.mul_mat(w, x), r)
+    gg.build_forward(y, backends=("cuda",)).compute()
+    assert launches == ["mul_mat_vecw_f16_f32"]
+    ref = ref_mul_mat(w.numpy(), x.numpy()) + r.numpy().astype(np.float64)
+    assert nmse(y.numpy(), ref.reshape(y.numpy().shape)) <= 1e-7
+
+
+@cuda
+@pytest.mark.parametrize("ne0,threads", [(64, 32), (1024, 256), (4096, 256), (4104, 512), (16384, 512)])
+@pytest.mark.parametrize("dtype", [gg.F32, gg.F16, gg.BF16])
+def test_norm_register_builds(rng, launches, ne0, threads, dtype):
+    x, w, c = rand(rng, 2, 3, ne0) * 2, rand(rng, ne0), rand(rng, 3, ne0)  # c: a row per i1
+    ctx = gg.Context()
+    xt = ctx.tensor(x, dtype=dtype)
+    y = gg.add(gg.mul(gg.rms_norm(xt, 1e-6), ctx.tensor(w)), ctx.tensor(c))
+    z = gg.norm(xt, 1e-5)
+    gg.build_forward(y, z, backends=("cuda",)).compute()
+    assert sorted(launches) == sorted([f"rms_norm_reg{threads}_{dtype.name}", f"norm_reg{threads}_{dtype.name}"])
+    x64 = xt.numpy().astype(np.float64)
+    ref = ref_rms_norm(x64, 1e-6) * w + c[None]
+    zref = ref_norm(x64, 1e-5)
+    limit = 1e-7 if dtype is gg.F32 else 1e-5  # F16/BF16 results are rounded on store
+    assert nmse(y.numpy().astype(np.float64), ref) <= limit
+    assert nmse(z.numpy().astype(np.float64), zref) <= limit
+
+
+@cuda
+@pytest.mark.parametrize("ne0", [5, 64, 1030, 2048])
+@pytest.mark.parametrize("mask_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("heads_fastest", [False, True])
+def test_soft_max_shared_mask_both_orders(rng, monkeypatch, ne0, mask_dtype, heads_fastest):
+    # The order is picked from the L2 size; the test picks it by shrinking or growing that size.
+    from gg.backends.cuda import runtime
+    monkeypatch.setattr(runtime.get(), "l2_bytes", 0 if heads_fastest else 1 << 40)
+    x = rand(rng, 2, 5, 3, ne0) * 3                      # ne (ne0, 3, 5, 2)
+    m = rand(rng, 1, 1, 4, ne0).astype(mask_dtype)       # ne (ne0, 4, 1, 1): shared by heads, ne1 >= 3
+    m[0, 0, 1, : ne0 // 2] = -np.inf
+    ctx = gg.Context()
+    y = gg.soft_max_ext(ctx.tensor(x), ctx.tensor(m), scale=0.7)
+    gg.build_forward(y, backends=("cuda",)).compute()
+    s = x.astype(np.float64) * 0.7 + m[:, :, :3].astype(np.float64)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    assert nmse(y.numpy(), e / e.sum(-1, keepdims=True)) <= 1e-6
