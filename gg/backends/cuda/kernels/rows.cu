@@ -39,6 +39,8 @@ GG_GET_ROWS(f16, f16, false)
 GG_GET_ROWS(bf16, bf16, false)
 GG_GET_ROWS(float, i32, true)
 
+#define SET_ROWS_AHEAD 4  // launch.py ROW_ITEMS_PER_THREAD: all of a thread's elements, usually
+
 // set_rows: for each row (i1, i2, i3) of src b, dst row idx[i1, i2 % id.ne1, i3 % id.ne2] of plane
 // (i2, i3) gets it. dst is the (view of the) destination tensor itself.
 template <class TS, class TD>
@@ -49,14 +51,29 @@ __device__ __forceinline__ void set_rows_impl(char* dst, const TDesc& d, const c
     if (r >= rows) return;
     i64 i1, i2, i3;
     row_index(r, bd, i1, i2, i3);
+    // The thread's first SET_ROWS_AHEAD elements are loaded before the row index: they do not
+    // depend on it, and the short rows of a decode step (a K row, V columns) then wait for one
+    // memory round trip instead of two.
+    const char* brow = b + row_offs(bd, i1, i2, i3);
+    const i64 first = threadIdx.x + (i64)blockIdx.y * blockDim.x, step = (i64)gridDim.y * blockDim.x;
+    float ahead[SET_ROWS_AHEAD];
+#pragma unroll
+    for (int u = 0; u < SET_ROWS_AHEAD; ++u) {
+        const i64 i0 = first + u * step;
+        ahead[u] = i0 < d.ne[0] ? ld<TS>(brow + i0 * bd.nb[0]) : 0.0f;
+    }
     const i64 k = *(const int*)(idx + i1 * id.nb[0] + (i2 % id.ne[1]) * id.nb[1] + (i3 % id.ne[2]) * id.nb[2]);
     if (k < 0 || k >= d.ne[1]) {
         if (threadIdx.x == 0) report_error(err, code);
         return;
     }
-    const char* brow = b + row_offs(bd, i1, i2, i3);
     char* drow = dst + row_offs(d, k, i2, i3);
-    for (i64 i0 = threadIdx.x + (i64)blockIdx.y * blockDim.x; i0 < d.ne[0]; i0 += (i64)gridDim.y * blockDim.x) {
+#pragma unroll
+    for (int u = 0; u < SET_ROWS_AHEAD; ++u) {
+        const i64 i0 = first + u * step;
+        if (i0 < d.ne[0]) st<TD>(drow + i0 * d.nb[0], ahead[u]);
+    }
+    for (i64 i0 = first + SET_ROWS_AHEAD * step; i0 < d.ne[0]; i0 += step) {
         st<TD>(drow + i0 * d.nb[0], ld<TS>(brow + i0 * bd.nb[0]));
     }
 }
