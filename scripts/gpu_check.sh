@@ -15,13 +15,13 @@ grep -qE "^[0-9]+ passed" "$OUT/pytest_cuda.log" && ! grep -qE "[0-9]+ (failed|e
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # memcheck runs the real path (CUDA graphs on); racecheck launches kernels one by one.
 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
-    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py tests/test_matvec_add.py -k "not out_of_memory" \
-    > "$OUT/memcheck_pytest.log" 2>&1
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py tests/test_matvec_add.py \
+    tests/test_kernel_paths.py -k "not out_of_memory" > "$OUT/memcheck_pytest.log" 2>&1
 rc=$?; echo "memcheck exit $rc" | tee -a "$OUT/memcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-exitcode 99 --log-file "$OUT/racecheck.log" \
-    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py \
-    -k "norm or soft_max or softmax or (mul_mat and not cublas) or attention or flash" \
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py tests/test_kernel_paths.py \
+    -k "norm or soft_max or softmax or (mul_mat and not cublas) or matvec or attention or flash" \
     > "$OUT/racecheck_pytest.log" 2>&1
 rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
@@ -30,7 +30,7 @@ rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq
 # there (every byte of its correct output is reported uninitialized when read back).
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool initcheck --error-exitcode 99 --log-file "$OUT/initcheck.log" \
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py tests/test_flash.py tests/test_matvec_add.py \
-    -k "not out_of_memory and not cublas_large" > "$OUT/initcheck_pytest.log" 2>&1
+    tests/test_kernel_paths.py -k "not out_of_memory and not cublas_large" > "$OUT/initcheck_pytest.log" 2>&1
 rc=$?; echo "initcheck exit $rc" | tee -a "$OUT/initcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 # The sanitizer must catch a planted out-of-bounds write made through gg's launch path.
