@@ -227,7 +227,7 @@ def test_diag_mask_inf(rng):
 @cuda
 @pytest.mark.parametrize("mode", [gg.ROPE_NORMAL, gg.ROPE_NEOX])
 @pytest.mark.parametrize("dtype", [gg.F32, gg.F16])
-@pytest.mark.parametrize("n_dims", [64, 32])
+@pytest.mark.parametrize("n_dims", [64, 32, 36])  # 64, 32: 4 elements per access; 36: one pair per thread
 def test_rope(rng, mode, dtype, n_dims):
     x = rand(rng, 5, 3, 64)  # ne = (64 head_dim, 3 heads, 5 tokens)
     pos = np.array([0, 1, 17, 1000, 4097], np.int32)
