@@ -136,7 +136,7 @@ def rms(roof: float) -> None:
     rows = []
     d = desc((n, R), 4)
     wd = desc((n,), 4)
-    f = fn("rms_norm_reg256_f32", "norm.cu")
+    f = fn("rms_norm_reg256_f32_f32", "norm.cu")
     args = Args().ptr(db.ptr).desc(*d).ptr(xb.ptr).desc(*d).f32(1e-6).ptr(wb.ptr).desc(*wd).none()
     t = timeit(lambda: launch(f, (R,), (256,), args), 5, 2)
     rows.append(("gg rms_norm_reg256_f32", t, nbytes, err()))

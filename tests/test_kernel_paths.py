@@ -69,7 +69,8 @@ def test_norm_register_builds(rng, launches, ne0, threads, dtype):
     y = gg.add(gg.mul(gg.rms_norm(xt, 1e-6), ctx.tensor(w)), ctx.tensor(c))
     z = gg.norm(xt, 1e-5)
     gg.build_forward(y, z, backends=("cuda",)).compute()
-    assert sorted(launches) == sorted([f"rms_norm_reg{threads}_{dtype.name}", f"norm_reg{threads}_{dtype.name}"])
+    dt = dtype.name
+    assert sorted(launches) == sorted([f"rms_norm_reg{threads}_{dt}_{dt}", f"norm_reg{threads}_{dt}_{dt}"])
     x64 = xt.numpy().astype(np.float64)
     ref = ref_rms_norm(x64, 1e-6) * w + c[None]
     zref = ref_norm(x64, 1e-5)
@@ -95,3 +96,23 @@ def test_soft_max_shared_mask_both_orders(rng, monkeypatch, ne0, mask_dtype, hea
     s = x.astype(np.float64) * 0.7 + m[:, :, :3].astype(np.float64)
     e = np.exp(s - s.max(-1, keepdims=True))
     assert nmse(y.numpy(), e / e.sum(-1, keepdims=True)) <= 1e-6
+
+
+@cuda
+@pytest.mark.parametrize("wdt", [np.float16, "bf16"])
+def test_rms_norm_writes_the_gemm_operand(rng, launches, wdt):
+    """The cast of a cuBLAS operand folded into rms_norm * w: the register build writes F16/BF16."""
+    ctx = gg.Context()
+    x, w = ctx.tensor(rand(rng, 40, 4096)), ctx.tensor(rand(rng, 4096))
+    weight = rand(rng, 96, 4096) * 0.02
+    wt = ctx.tensor(weight.astype(np.float16)) if wdt is np.float16 else ctx.tensor(weight, dtype=gg.BF16)
+    y = gg.mul_mat(wt, gg.mul(gg.rms_norm(x, 1e-6), w))
+    g = gg.build_forward(y, backends=("cuda",))
+    g.compute()
+    if not any(s.ops == ("mul_mat",) and s.kernel.startswith("cublas") for s in g.plan.steps):
+        pytest.skip("nvmath-python (cuBLAS) is not installed: no F16 operand cast to fold")
+    dt = "f16" if wdt is np.float16 else "bf16"
+    assert [s.ops for s in g.plan.steps][0] == ("rms_norm", "mul", "cast") and f"rms_norm_reg256_f32_{dt}" in launches
+    h = ref_rms_norm(x.numpy().astype(np.float64), 1e-6) * w.numpy()
+    ref = ref_mul_mat(wt.numpy(), h)
+    assert nmse(y.numpy(), ref.reshape(y.numpy().shape)) <= 5e-4

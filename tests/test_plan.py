@@ -334,3 +334,32 @@ def test_fold_casts_keeps_a_value_needed_in_f32(rng, monkeypatch, also):
     assert [s.ops for s in steps if "soft_max" in s.ops] == [("soft_max",)]
     casts = [s for s in steps if s.ops == ("cast",) and s.out.src[0] is probs]
     assert len(casts) == 1 and casts[0].inserted and casts[0].out.dtype is gg.F16
+
+
+def _norm_then_gemm(rng, n=4096, rows=64, with_add=False):
+    ctx = gg.Context()
+    x, w = ctx.tensor(f32(rng, rows, n)), ctx.tensor(f32(rng, n))
+    h = gg.mul(gg.rms_norm(x, 1e-6), w)
+    if with_add:
+        h = gg.add(h, ctx.tensor(f32(rng, n)))
+    weight = ctx.tensor(f32(rng, 256, n).astype(np.float16))
+    return gg.mul_mat(weight, h)
+
+
+@pytest.mark.parametrize("with_add", [False, True])
+def test_fold_casts_into_rms_norm(rng, monkeypatch, with_add):
+    """rms_norm * w (+ b) writes the F16 operand of the cuBLAS product itself."""
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    steps = gg.build_forward(_norm_then_gemm(rng, with_add=with_add), backends=("cuda", "cpu")).plan.steps
+    want = ("rms_norm", "mul", "add", "cast") if with_add else ("rms_norm", "mul", "cast")
+    assert [s.ops for s in steps] == [want, ("mul_mat",)]
+    assert steps[0].out.dtype is gg.F16 and not any(s.inserted for s in steps)
+
+
+def test_fold_casts_not_into_rms_norm_rows_the_kernel_cannot_take(rng, monkeypatch):
+    """Rows of 4100 (not a multiple of 8) take the general norm kernel, which writes x's dtype."""
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    steps = gg.build_forward(_norm_then_gemm(rng, n=4100), backends=("cuda", "cpu")).plan.steps
+    assert [s.ops for s in steps] == [("rms_norm", "mul"), ("cast",), ("mul_mat",)]

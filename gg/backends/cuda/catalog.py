@@ -31,7 +31,10 @@ def variants() -> list[Variant]:
     for op, t in product(("rms_norm", "norm"), FLOAT_NAMES):
         v.append(Variant("norm.cu", f"{op}_{t}"))
         for threads, _ in NORM_REG_BUILDS:
-            v.append(Variant("norm.cu", f"{op}_reg{threads}_{t}"))
+            v.append(Variant("norm.cu", f"{op}_reg{threads}_{t}_{t}"))
+    for threads, _ in NORM_REG_BUILDS:  # a cast to the cuBLAS operand dtype folded into rms_norm
+        for t in ("f16", "bf16"):
+            v.append(Variant("norm.cu", f"rms_norm_reg{threads}_f32_{t}"))
     for t in FLOAT_NAMES:  # output dtype: f16 / bf16 when a cast is folded into the softmax
         v.append(Variant("softmax.cu", f"soft_max_{t}"))
         for npt in SOFTMAX_NPT:

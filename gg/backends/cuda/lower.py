@@ -155,7 +155,8 @@ def _err_code(rt, what: str) -> int:
 
 
 def _norm(rt, step, what: str) -> Launch:
-    nodes = step.nodes
+    cast = step.ops[-1] == "cast"  # a cast of the result folded into the step: out is F16/BF16
+    nodes = step.nodes[:-1] if cast else step.nodes
     first, out = nodes[0], step.out
     x = step.srcs(first)[0]
     n = out.ne[0]
@@ -174,8 +175,10 @@ def _norm(rt, step, what: str) -> Launch:
                 args.none()
             else:
                 args.tensor(t)
-        name = f"{first.op}_reg{threads}_{out.dtype.name}"
+        name = f"{first.op}_reg{threads}_{x.dtype.name}_{out.dtype.name}"
         return Launch(rt, "norm.cu", name, (_rows(out), 1, 1), (threads, 1, 1), args, what=what)
+    if cast:  # support.supports checked what the register build needs; an address broke it
+        raise BackendError(f"cuda: {what}: the folded cast needs 16-byte aligned rows of x and the result")
     args = Args().tensor(out).tensor(x).f32(first.params.eps)
     for t in operands + [None] * (2 - len(operands)):
         if t is None:

@@ -25,9 +25,10 @@ SOFTMAX_CHAINS = (("soft_max",), ("scale", "add", "soft_max"), ("scale", "diag_m
 FLASH = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
          ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
          ("mul_mat", "soft_max", "mul_mat"))
-FUSED = ((("rms_norm", "mul"), ("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
-          ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
-         + tuple(c + ("cast",) for c in SOFTMAX_CHAINS) + FLASH)
+NORM_CHAINS = (("rms_norm",), ("rms_norm", "mul"), ("rms_norm", "mul", "add"))
+# A chain + "cast": the planner's fold_casts lets the chain write its result in the cast's dtype.
+FUSED = (NORM_CHAINS[1:] + (("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
+         + tuple(c + ("cast",) for c in SOFTMAX_CHAINS + NORM_CHAINS) + FLASH)
 FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
 FLASH_MAX_HD = 256       # kernels/attn.cu FA_MAX_HD
 FLASH_CHUNKS = (256, 128, 64)  # positions per block of the generic build, largest first
@@ -168,6 +169,8 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
             return False
     if not all(supports_node(n) for n in nodes):
         return False
+    if ops[0] == "rms_norm" and ops[-1] == "cast":  # only the register build writes another dtype
+        return supports(ops[:-1], nodes[:-1]) and norm_cast_ok(nodes)
     if ops[0] == "rms_norm":
         return all(n.dtype is nodes[0].dtype for n in nodes)
     if ops == ("mul_mat", "add"):  # a residual added by the mat-vec kernel as it writes
@@ -179,6 +182,23 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
     # scale -> add|diag_mask_inf -> soft_max: soft_max reads F32, so the chain is F32 throughout;
     # the last soft_max has no mask of its own (its mask is the add's src1).
     return all(n.dtype is F32 for n in nodes) and len(nodes[-1].src) == 1
+
+
+def _rows16(t: Tensor) -> bool:
+    """Contiguous rows starting on 16-byte boundaries (buffers and arena offsets are 256-aligned)."""
+    return (t.nb[0] == t.dtype.size and t.view_offs % 16 == 0
+            and all(nb % 16 == 0 for ne, nb in zip(t.ne[1:], t.nb[1:]) if ne > 1))
+
+
+def norm_cast_ok(nodes: Sequence[Tensor]) -> bool:
+    """An rms_norm chain of F32 with a cast to F16/BF16 at its end fits kernels/norm.cu's register
+    build: rows of x 16-byte accessible, n % 8 == 0 and within NORM_REG_BUILDS' largest block,
+    full-length F32 weight and bias rows."""
+    x, out, n = nodes[0].src[0], nodes[-1], nodes[0].ne[0]
+    operands = [node.src[1] for node in nodes[1:-1]]
+    biggest = max(t * per for t, per in NORM_REG_BUILDS)
+    return (x.dtype is F32 and out.dtype in (F16, BF16) and n % 8 == 0 and n // 8 <= biggest and _rows16(x)
+            and all(t.dtype is F32 and t.ne[0] == n and _rows16(t) for t in operands))
 
 
 def flash_ok(nodes: Sequence[Tensor]) -> bool:

@@ -45,7 +45,9 @@ template <int G> __device__ __forceinline__ void ldw(const char* p, float* v) {
     else ld8<float>(p, v);
 }
 
-template <bool RMS, class T, int THREADS, int CHUNKS>
+// TD: dst's dtype, T's or (F32 x) F16/BF16 when the planner folded a cast of the result into the
+// step (the operand of a cuBLAS product: one pass over the tensor less).
+template <bool RMS, class T, class TD, int THREADS, int CHUNKS>
 __device__ __forceinline__ void norm_reg_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd, float eps,
                                               const char* w, const TDesc& wd, const char* c, const TDesc& cd) {
     constexpr int G = 16 / (int)sizeof(T);
@@ -119,7 +121,8 @@ __device__ __forceinline__ void norm_reg_impl(char* dst, const TDesc& d, const c
 #pragma unroll
             for (int i = 0; i < G; ++i) y[i] += t[i];
         }
-        st16_cs(drow + k * 16, pack16<T>(y));
+        if (sizeof(TD) == sizeof(T)) st16_cs(drow + k * 16, pack16<TD>(y));
+        else stg<TD, G>(drow + k * G * (int)sizeof(TD), y);
     }
 }
 
@@ -215,14 +218,17 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
                                           int cdt, int cache, int vec) {                             \
         norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec);                   \
     }                                                                                                \
-    GG_NORM_REG(NAME, RMS, T, S, 32, 4) GG_NORM_REG(NAME, RMS, T, S, 256, 2) GG_NORM_REG(NAME, RMS, T, S, 512, 4)
+    GG_NORM_REGS(NAME, RMS, T, S, T, S)
 
 // (threads, chunks of 8 per thread): support.py NORM_REG_BUILDS
-#define GG_NORM_REG(NAME, RMS, T, S, THREADS, CHUNKS)                                                      \
+#define GG_NORM_REGS(NAME, RMS, T, S, TD, SD)                                                             \
+    GG_NORM_REG(NAME, RMS, T, S, TD, SD, 32, 4)                                                           \
+    GG_NORM_REG(NAME, RMS, T, S, TD, SD, 256, 2) GG_NORM_REG(NAME, RMS, T, S, TD, SD, 512, 4)
+#define GG_NORM_REG(NAME, RMS, T, S, TD, SD, THREADS, CHUNKS)                                              \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                  \
-        NAME##_reg##THREADS##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps, const char* w,  \
-                                  TDesc wd, const char* c, TDesc cd) {                                     \
-        norm_reg_impl<RMS, T, THREADS, CHUNKS>(dst, d, x, xd, eps, w, wd, c, cd);                          \
+        NAME##_reg##THREADS##_##S##_##SD(char* dst, TDesc d, const char* x, TDesc xd, float eps,         \
+                                         const char* w, TDesc wd, const char* c, TDesc cd) {              \
+        norm_reg_impl<RMS, T, TD, THREADS, CHUNKS>(dst, d, x, xd, eps, w, wd, c, cd);                      \
     }
 
 GG_NORM(rms_norm, true, float, f32)
@@ -231,3 +237,5 @@ GG_NORM(rms_norm, true, bf16, bf16)
 GG_NORM(norm, false, float, f32)
 GG_NORM(norm, false, f16, f16)
 GG_NORM(norm, false, bf16, bf16)
+GG_NORM_REGS(rms_norm, true, float, f32, f16, f16)   // rms_norm chains with a folded cast
+GG_NORM_REGS(rms_norm, true, float, f32, bf16, bf16)
