@@ -21,16 +21,20 @@ rc=$?; echo "memcheck exit $rc" | tee -a "$OUT/memcheck_pytest.log"; [ $rc -eq 0
 
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-exitcode 99 --log-file "$OUT/racecheck.log" \
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py tests/test_kernel_paths.py \
-    -k "norm or soft_max or softmax or (mul_mat and not cublas) or matvec or attention or flash" \
+    -k "(norm or soft_max or softmax or (mul_mat and not cublas) or matvec or attention or flash) and not gemm_operand" \
     > "$OUT/racecheck_pytest.log" 2>&1
 rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 # initcheck: no kernel reads device memory nobody wrote (arenas are not zeroed). The large cuBLAS
 # GEMM is left out: initcheck does not see the writes of the Hopper GEMM kernel cuBLAS picks
-# there (every byte of its correct output is reported uninitialized when read back).
+# there (every byte of its correct output is reported uninitialized when read back). So is
+# test_rms_norm_writes_the_gemm_operand (and from racecheck): its GEMM (K = 4096, small M and N)
+# makes cuBLAS pick split-K kernels, whose own shared memory racecheck flags and whose reduce
+# kernel reads parts of cuBLAS's workspace it did not write (every report is inside cuBLAS;
+# memcheck is clean).
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool initcheck --error-exitcode 99 --log-file "$OUT/initcheck.log" \
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py tests/test_flash.py tests/test_matvec_add.py \
-    tests/test_kernel_paths.py -k "not out_of_memory and not cublas_large" > "$OUT/initcheck_pytest.log" 2>&1
+    tests/test_kernel_paths.py -k "not out_of_memory and not cublas_large and not gemm_operand" > "$OUT/initcheck_pytest.log" 2>&1
 rc=$?; echo "initcheck exit $rc" | tee -a "$OUT/initcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 # The sanitizer must catch a planted out-of-bounds write made through gg's launch path.
