@@ -116,3 +116,26 @@ def test_rms_norm_writes_the_gemm_operand(rng, launches, wdt):
     h = ref_rms_norm(x.numpy().astype(np.float64), 1e-6) * w.numpy()
     ref = ref_mul_mat(wt.numpy(), h)
     assert nmse(y.numpy(), ref.reshape(y.numpy().shape)) <= 5e-4
+
+
+@cuda
+def test_cont_writes_the_gemm_operand(rng, launches):
+    """A cast folded through a reshape into the cont of permuted heads: one cpy_f32_f16 from the
+    permuted source, the result equal to the unfused cont -> cast (bit-exact: one rounding)."""
+    results = []
+    for fuse in (True, False):
+        ctx = gg.Context()
+        kqv = ctx.tensor(rand(np.random.default_rng(3), 6, 40, 32))
+        flat = gg.reshape(gg.cont(gg.permute(kqv, 0, 2, 1, 3)), 32 * 6, 40)
+        wo = ctx.tensor(rand(np.random.default_rng(4), 128, 32 * 6).astype(np.float16))
+        y = gg.mul_mat(wo, flat)
+        g = gg.build_forward(y, backends=("cuda",), fuse=fuse)
+        g.compute()
+        if not any(s.kernel.startswith("cublas") for s in g.plan.steps):
+            pytest.skip("nvmath-python (cuBLAS) is not installed: no F16 operand cast to fold")
+        results.append(y.numpy())
+        if fuse:
+            assert [s.ops for s in g.plan.steps][0] == ("cont", "cast") and launches[0] == "cpy_f32_f16"
+            ref = ref_mul_mat(wo.numpy(), np.transpose(kqv.numpy(), (1, 0, 2)).reshape(40, 192))
+            assert nmse(y.numpy(), ref) <= 5e-4
+    assert np.array_equal(results[0], results[1])

@@ -363,3 +363,31 @@ def test_fold_casts_not_into_rms_norm_rows_the_kernel_cannot_take(rng, monkeypat
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     steps = gg.build_forward(_norm_then_gemm(rng, n=4100), backends=("cuda", "cpu")).plan.steps
     assert [s.ops for s in steps] == [("rms_norm", "mul"), ("cast",), ("mul_mat",)]
+
+
+def _heads_to_gemm(rng, extra_reader=False):
+    """The attention output (hd, T, heads) permuted to (hd, heads, T), made contiguous and reshaped
+    into the (n_embd, T) operand of a GEMM - the llama block's path to its output projection."""
+    ctx = gg.Context()
+    kqv = ctx.tensor(f32(rng, 6, 40, 32))                     # ne (32 hd, 40 T, 6 heads)
+    flat = gg.reshape(gg.cont(gg.permute(kqv, 0, 2, 1, 3)), 32 * 6, 40)
+    wo = ctx.tensor(f32(rng, 128, 32 * 6).astype(np.float16))
+    y = gg.mul_mat(wo, flat)
+    return (y, gg.scale(flat, 2.0)) if extra_reader else (y,)
+
+
+def test_fold_casts_through_a_reshape_into_cont(rng, monkeypatch):
+    """The cont writes the F16 GEMM operand itself although the cast reads it through a reshape."""
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    steps = gg.build_forward(*_heads_to_gemm(rng), backends=("cuda", "cpu")).plan.steps
+    assert [(s.ops, s.kernel) for s in steps] == [(("cont", "cast"), "cont_cast_f16"), (("mul_mat",), "cublas_gemm")]
+    assert steps[0].out.dtype is gg.F16 and steps[0].out.ne[:2] == (192, 40)
+    assert steps[0].inputs == (steps[0].nodes[0].src[0],)  # the permuted view; the reshape is inside
+
+
+def test_fold_casts_not_through_a_reshape_read_twice(rng, monkeypatch):
+    from gg.backends.cuda import support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    steps = gg.build_forward(*_heads_to_gemm(rng, extra_reader=True), backends=("cuda", "cpu")).plan.steps
+    assert ("cont", "cast") not in [s.ops for s in steps] and ("cont",) in [s.ops for s in steps]

@@ -29,12 +29,13 @@ class Step:
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:
-        """Tensors read from outside the step, in first-use order, after substitution."""
+        """Tensors read from outside the step, in first-use order, after substitution. A view of
+        one of the step's own nodes (a cast folded in through a reshape) is read inside."""
         inside = set(self.nodes)
         seen: dict[Tensor, None] = {}
         for n in self.nodes:
             for s in self.srcs(n):
-                if s not in inside:
+                if s not in inside and s.root not in inside:
                     seen.setdefault(s, None)
         return tuple(seen)
 

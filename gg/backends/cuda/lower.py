@@ -13,7 +13,7 @@ import numpy as np
 
 from ...dtypes import F32, I32
 from ...errors import BackendError
-from ...tensor import Tensor
+from ...tensor import Tensor, contiguous_strides
 from . import support
 from .launch import Args, Launch, addr, block_per_row, rows_config, vec_rows
 
@@ -45,10 +45,14 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         return [_mul_mat(rt, step, what)]
     if "soft_max" in ops:
         return [_soft_max(rt, step, what)]
-    if len(ops) != 1:
+    op, srcs = ops[0], step.srcs(out)
+    if ops == ("cont", "cast"):  # the cont writes the cast's dtype: the cast's bytes, the cont's shape
+        cont = step.nodes[0]
+        op, srcs = "cont", step.srcs(cont)
+        out = Tensor(out.dtype, cont.ne, contiguous_strides(out.dtype, cont.ne), op="view", src=(out,),
+                     view_src=out.root, view_offs=out.view_offs)
+    elif len(ops) != 1:
         raise BackendError(f"cuda: no lowering for fused group {ops} ({what})")
-    op = ops[0]
-    srcs = step.srcs(out)
     if op in ("add", "sub", "mul", "div"):
         a, b = srcs
         vec = vec_rows(out, a, b)

@@ -28,7 +28,7 @@ FLASH = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
 NORM_CHAINS = (("rms_norm",), ("rms_norm", "mul"), ("rms_norm", "mul", "add"))
 # A chain + "cast": the planner's fold_casts lets the chain write its result in the cast's dtype.
 FUSED = (NORM_CHAINS[1:] + (("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
-         + tuple(c + ("cast",) for c in SOFTMAX_CHAINS + NORM_CHAINS) + FLASH)
+         + tuple(c + ("cast",) for c in SOFTMAX_CHAINS + NORM_CHAINS + (("cont",),)) + FLASH)
 FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
 FLASH_MAX_HD = 256       # kernels/attn.cu FA_MAX_HD
 FLASH_CHUNKS = (256, 128, 64)  # positions per block of the generic build, largest first
@@ -164,6 +164,11 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
         return False
     if ops in FLASH:
         return flash_ok(nodes)
+    if ops == ("cont", "cast"):  # the cast may read the cont through a reshape (planner: fold_casts)
+        cont, cast = nodes
+        src = cast.src[0]
+        return ((src is cont or (src.root is cont and src.nelements == cont.nelements and src.is_contiguous()))
+                and supports_node(cont) and supports_node(cast) and cast.dtype in FLOATS)
     for prev, nxt in zip(nodes, nodes[1:]):
         if not nxt.src or nxt.src[0] is not prev:
             return False
