@@ -85,8 +85,9 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // MMVW_THREADS elements. A block of MMVW_THREADS threads per row, each with MMVW_BATCH 16-byte
 // loads in flight, kept as raw words until used (a K = 4096 F16 row is one round of loads);
 // partial sums meet in shared memory. Against mmv_impl's warp per row (scripts/kexp.py, H100):
-// [14336 x 4096] F16 45.8 -> 40.3 us, [4096 x 4096] 27.3 -> 18.8 us: short rows of work per
-// thread and a whole row's loads at once fill the machine even on a short wave of rows.
+// [14336 x 4096] F16 44.0 -> 40.6 us; the decode step's wo (4096 x 4096, + residual) 19.8 ->
+// 16.9 us in ncu: short rows of work per thread and a whole row's loads at once fill the
+// machine even on a short wave of rows.
 #define MMVW_THREADS 256  // lower.py MMVW_THREADS
 #define MMVW_BATCH 2
 
