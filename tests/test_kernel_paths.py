@@ -139,3 +139,18 @@ def test_cont_writes_the_gemm_operand(rng, launches):
             ref = ref_mul_mat(wo.numpy(), np.transpose(kqv.numpy(), (1, 0, 2)).reshape(40, 192))
             assert nmse(y.numpy(), ref) <= 5e-4
     assert np.array_equal(results[0], results[1])
+
+
+def test_every_kernel_waits_for_its_predecessor_first():
+    """gg launches its kernels with programmatic stream serialization on sm_90+ (launch.py), which
+    is only safe if each kernel's first statement waits for the kernel before it: gg_grid_sync()."""
+    import re
+    from gg.backends.cuda.compiler import KERNEL_DIR
+    entries = 0
+    for path in sorted(KERNEL_DIR.glob("*.cu")):
+        text = path.read_text()
+        for m in re.finditer(r'extern "C" __global__[^{]*\{', text):
+            body = text[m.end():].lstrip(" \t\\\n")
+            assert body.startswith("gg_grid_sync();"), f"{path.name}: {m.group(0)[:80]!r} starts with {body[:40]!r}"
+            entries += 1
+    assert entries >= 17

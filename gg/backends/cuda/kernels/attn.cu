@@ -281,6 +281,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 #define FC_OUT 32
 extern "C" __global__ void __launch_bounds__(FC_THREADS)
     flash_combine(char* dst, TDesc d, const float* ws, int S, int hd) {
+    gg_grid_sync();
     constexpr int SLICES = FC_THREADS / FC_OUT;
     __shared__ float w[FA_MAX_SPLITS];
     __shared__ float part[SLICES][FC_OUT];
@@ -339,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(FC_THREADS)
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws) {                                   \
+        gg_grid_sync();                                                                                    \
         flash_impl<T, NH, HD>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws);                          \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping; one

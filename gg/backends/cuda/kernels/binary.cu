@@ -49,6 +49,7 @@ __device__ __forceinline__ void binary_impl(char* dst, const TDesc& d, const cha
 #define GG_BINARY(NAME, OP, TA, SA, TB, SB)                                                       \
     extern "C" __global__ void NAME##_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,    \
                                                   const char* b, TDesc bd, int vec) {             \
+        gg_grid_sync();                                                                           \
         binary_impl<OP, TA, TB>(dst, d, a, ad, b, bd, vec);                                       \
     }
 

@@ -302,6 +302,18 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return warp_max(v);
 }
 
+// First statement of every kernel: wait until the kernels before it on the stream have finished
+// and their writes are visible, then let the next one start launching. The host launches gg's
+// kernels with programmatic stream serialization on sm_90+ (launch.py), so a kernel's blocks may
+// be scheduled while its predecessor's last blocks still run: only the launch latency overlaps,
+// never memory accesses. Without that launch attribute (or before sm_90) both are no-ops.
+__device__ __forceinline__ void gg_grid_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Report a bad input (e.g. a row index out of range) to the host: the backend reads this word
 // on synchronize() and raises a BackendError naming the step that set it.
 __device__ __forceinline__ void report_error(int* err, int code) {

@@ -65,6 +65,7 @@ __device__ __forceinline__ void cpy_impl(char* dst, const TDesc& d, const char* 
 #define GG_CPY(TS, SS, TD, SD, RAW)                                                                  \
     extern "C" __global__ void cpy_##SS##_##SD(char* dst, TDesc d, const char* s, TDesc sd, int same,   \
                                                int vec) {                                             \
+        gg_grid_sync();                                                                               \
         cpy_impl<TS, TD, RAW>(dst, d, s, sd, same, vec);                                             \
     }
 
@@ -102,6 +103,7 @@ __device__ __forceinline__ void cpy_t_impl(char* dst, const TDesc& d, const char
 
 #define GG_CPY_T(TS, SS, TD, SD)                                                                     \
     extern "C" __global__ void cpy_t_##SS##_##SD(char* dst, TDesc d, const char* s, TDesc sd) {     \
+        gg_grid_sync();                                                                             \
         cpy_t_impl<TS, TD>(dst, d, s, sd);                                                          \
     }
 #define GG_CPY_T_D(TS, SS) GG_CPY_T(TS, SS, float, f32) GG_CPY_T(TS, SS, f16, f16) GG_CPY_T(TS, SS, bf16, bf16)

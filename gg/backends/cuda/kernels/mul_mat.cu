@@ -209,20 +209,24 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     extern "C" __global__ void mul_mat_vec_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,       \
                                                        const char* b, TDesc bd, const char* r, TDesc rd,  \
                                                        int vec) {                                         \
+        gg_grid_sync();                                                                                   \
         mmv_impl<TA, TB, MMV_NMAX, 1>(dst, d, a, ad, b, bd, r, rd, vec);                                  \
     }                                                                                                     \
     extern "C" __global__ void mul_mat_vec1_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,      \
                                                         const char* b, TDesc bd, const char* r, TDesc rd, \
                                                         int vec) {                                        \
+        gg_grid_sync();                                                                                   \
         mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, r, rd, vec);                                 \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
                                  const char* r, TDesc rd) {                                               \
+        gg_grid_sync();                                                                                   \
         mmvw_impl<TA, TB>(dst, d, a, ad, b, bd, r, rd);                                                   \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \
+        gg_grid_sync();                                                                                   \
         mm_impl<TA, TB>(dst, d, a, ad, b, bd);                                                            \
     }
 

@@ -216,6 +216,7 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
     extern "C" __global__ void NAME##_##S(char* dst, TDesc d, const char* x, TDesc xd, float eps,    \
                                           const char* w, TDesc wd, int wdt, const char* c, TDesc cd, \
                                           int cdt, int cache, int vec) {                             \
+        gg_grid_sync();                                                                              \
         norm_impl<RMS, T>(dst, d, x, xd, eps, w, wd, wdt, c, cd, cdt, cache, vec);                   \
     }                                                                                                \
     GG_NORM_REGS(NAME, RMS, T, S, T, S)
@@ -228,6 +229,7 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
     extern "C" __global__ void __launch_bounds__(THREADS)                                                  \
         NAME##_reg##THREADS##_##S##_##SD(char* dst, TDesc d, const char* x, TDesc xd, float eps,         \
                                          const char* w, TDesc wd, const char* c, TDesc cd) {              \
+        gg_grid_sync();                                                                                   \
         norm_reg_impl<RMS, T, TD, THREADS, CHUNKS>(dst, d, x, xd, eps, w, wd, c, cd);                      \
     }
 

@@ -84,6 +84,7 @@ __device__ __forceinline__ void rope_impl(char* dst, const TDesc& d, const char*
     extern "C" __global__ void rope_##S(char* dst, TDesc d, const char* x, TDesc xd, const char* pos,  \
                                         i64 pos_nb0, int n_dims, int mode, const double* freqs,        \
                                         int vec) {                                                     \
+        gg_grid_sync();                                                                                \
         rope_impl<T>(dst, d, x, xd, pos, pos_nb0, n_dims, mode, freqs, vec);                            \
     }
 

@@ -31,6 +31,7 @@ __device__ __forceinline__ void get_rows_impl(char* dst, const TDesc& d, const c
 #define GG_GET_ROWS(T, S, RAW)                                                                          \
     extern "C" __global__ void get_rows_##S(char* dst, TDesc d, const char* a, TDesc ad, const char* idx, \
                                             TDesc id, int* err, int code) {                             \
+        gg_grid_sync();                                                                                 \
         get_rows_impl<T, RAW>(dst, d, a, ad, idx, id, err, code);                                       \
     }
 
@@ -81,6 +82,7 @@ __device__ __forceinline__ void set_rows_impl(char* dst, const TDesc& d, const c
 #define GG_SET_ROWS(TS, SS, TD, SD)                                                                      \
     extern "C" __global__ void set_rows_##SS##_##SD(char* dst, TDesc d, const char* b, TDesc bd,         \
                                                    const char* idx, TDesc id, int* err, int code) {      \
+        gg_grid_sync();                                                                                  \
         set_rows_impl<TS, TD>(dst, d, b, bd, idx, id, err, code);                                       \
     }
 

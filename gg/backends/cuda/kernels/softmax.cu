@@ -179,6 +179,7 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
                                                      const char* m, TDesc md, int mdt, float cx, float post, \
                                                      int n_past, float max_bias, float m0, float m1,         \
                                                      int n_head_log2, int vec) {                             \
+        gg_grid_sync();                                                                                      \
         soft_max_reg<NPT, TD>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2,    \
                               vec);                                                                          \
     }
@@ -186,6 +187,7 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
     extern "C" __global__ void soft_max_##S(char* dst, TDesc d, const char* x, TDesc xd, const char* m,      \
                                             TDesc md, int mdt, float cx, float post, int n_past,             \
                                             float max_bias, float m0, float m1, int n_head_log2, int cache) { \
+        gg_grid_sync();                                                                                       \
         soft_max_smem<TD>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2, cache); \
     }                                                                                                        \
     GG_SOFTMAX_REG(4, TD, S) GG_SOFTMAX_REG(8, TD, S) GG_SOFTMAX_REG(16, TD, S) GG_SOFTMAX_REG(32, TD, S)

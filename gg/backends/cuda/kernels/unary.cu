@@ -45,6 +45,7 @@ __device__ __forceinline__ void unary_impl(char* dst, const TDesc& d, const char
 #define GG_UNARY(NAME, OP, T, S)                                                                   \
     extern "C" __global__ void NAME##_##S(char* dst, TDesc d, const char* a, TDesc ad, float s,    \
                                           int n_past, int vec) {                                  \
+        gg_grid_sync();                                                                           \
         unary_impl<OP, T>(dst, d, a, ad, s, n_past, vec);                                          \
     }
 
