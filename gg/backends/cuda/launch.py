@@ -94,7 +94,8 @@ class Launch:
         if smem > 48 * 1024:
             rt.set_max_dynamic_smem(self.fn, smem, name)
         self.args = args  # keeps the argument storage alive
-        self.params = (self.fn, *grid, *block, smem, rt.stream, args.address(), 0)
+        params = args.address()
+        self.params = (self.fn, *grid, *block, smem, rt.stream, params, 0)
         self.config = None
         if overlapped_launches(rt, file):  # the config object is built once, here
             cfg = cu.CUlaunchConfig()
@@ -106,7 +107,7 @@ class Launch:
             attr.value.programmaticStreamSerializationAllowed = 1
             cfg.attrs, cfg.numAttrs = [attr], 1
             self.config = cfg
-            self.ex_params = (cfg, self.fn, args.address(), 0)
+            self.ex_params = (cfg, self.fn, params, 0)
 
     def __call__(self) -> None:
         if self.config is not None:
