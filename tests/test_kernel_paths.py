@@ -1,6 +1,8 @@
 """The CUDA lowering's fast paths, each checked to be the one that ran (the launches are recorded)
 and compared with float64 numpy: the wide mat-vec (a block per weight row), the register builds
-of rms_norm/norm, and the heads-fastest softmax order for a mask shared by all heads."""
+of rms_norm/norm, the heads-fastest softmax order for a mask shared by all heads, and the casts of
+cuBLAS operands folded into rms_norm and into a cont. Plus the invariant the overlapped (PDL)
+launches rely on: every kernel first waits for the one before it."""
 from __future__ import annotations
 
 import numpy as np
