@@ -118,6 +118,13 @@ class Tensor:
                 want *= n
         return True
 
+    def is_reshape_of_root(self) -> bool:
+        """A view holding all of its (contiguous) root's elements in the same order: a reshape,
+        the same bytes read with another shape."""
+        root = self.root
+        return (self.view_src is not None and self.dtype is root.dtype and self.view_offs == 0
+                and self.nelements == root.nelements and self.is_contiguous() and root.is_contiguous())
+
     def rows_contiguous(self) -> bool:
         return self.nb[0] == self.dtype.size
 

@@ -59,13 +59,6 @@ def insert(steps: list[Step]) -> list[Step]:
     return out
 
 
-def _reshaped(view: Tensor) -> bool:
-    """The view is the whole of its (contiguous) root, elements in the same order: a reshape."""
-    root = view.root
-    return (view.dtype is root.dtype and view.view_offs == 0 and view.nelements == root.nelements
-            and view.is_contiguous() and root.is_contiguous())
-
-
 def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
     """Let the step producing a value write it in the dtype an inserted cast would convert it to,
     when the cast is that value's only reader: e.g. a softmax writing the F16 operand of a cuBLAS
@@ -84,7 +77,7 @@ def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
         if c.ops != ("cast",):
             continue
         value = c.out.src[0]
-        if value.view_src is not None and _reshaped(value):
+        if value.is_reshape_of_root():
             value = value.view_src  # a cast reading a reshape of the producer's whole result
         p = producer.get(value)
         if (p is None or p.inserted or p in folded or p.backend != c.backend or value.view_src is not None

@@ -96,7 +96,7 @@ class Launch:
         self.args = args  # keeps the argument storage alive
         params = args.address()
         self.params = (self.fn, *grid, *block, smem, rt.stream, params, 0)
-        self.config = None
+        self.ex_params = None  # set: launch with cuLaunchKernelEx (overlapped launches)
         if overlapped_launches(rt, file):  # the config object is built once, here
             cfg = cu.CUlaunchConfig()
             cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
@@ -106,11 +106,10 @@ class Launch:
             attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
             cfg.attrs, cfg.numAttrs = [attr], 1
-            self.config = cfg
             self.ex_params = (cfg, self.fn, params, 0)
 
     def __call__(self) -> None:
-        if self.config is not None:
+        if self.ex_params is not None:
             err = cu.cuLaunchKernelEx(*self.ex_params)[0]
         else:
             err = cu.cuLaunchKernel(*self.params)[0]

@@ -172,23 +172,25 @@ def _norm(rt, step, what: str) -> Launch:
     chunks = n // 8
     threads = next((t for t, per in support.NORM_REG_BUILDS
                     if t * per >= chunks and t >= min(NORM_MIN_THREADS, chunks)), 0)
-    if vec and wvec and threads:
+
+    def norm_args(codes: bool) -> Args:  # the mul's weight, then the add's bias (or nulls)
         args = Args().tensor(out).tensor(x).f32(first.params.eps)
-        for t in operands + [None] * (2 - len(operands)):  # the mul's weight, the add's bias
+        for t in operands + [None] * (2 - len(operands)):
             if t is None:
                 args.none()
             else:
                 args.tensor(t)
+            if codes:
+                args.i32(0 if t is None else _code(t))
+        return args
+
+    if vec and wvec and threads:
+        args = norm_args(codes=False)
         name = f"{first.op}_reg{threads}_{x.dtype.name}_{out.dtype.name}"
         return Launch(rt, "norm.cu", name, (_rows(out), 1, 1), (threads, 1, 1), args, what=what)
     if cast:  # support.supports checked what the register build needs; an address broke it
         raise BackendError(f"cuda: {what}: the folded cast needs 16-byte aligned rows of x and the result")
-    args = Args().tensor(out).tensor(x).f32(first.params.eps)
-    for t in operands + [None] * (2 - len(operands)):
-        if t is None:
-            args.none().i32(0)
-        else:
-            args.tensor(t).i32(_code(t))
+    args = norm_args(codes=True)
     name = f"{first.op}_{out.dtype.name}"
     max_threads = min(NORM_MAX_THREADS, rt.max_threads("norm.cu", name) // 32 * 32)  # registers decide
     cache = n * 4 <= NORM_CACHE_BYTES

@@ -167,7 +167,7 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
     if ops == ("cont", "cast"):  # the cast may read the cont through a reshape (planner: fold_casts)
         cont, cast = nodes
         src = cast.src[0]
-        return ((src is cont or (src.root is cont and src.nelements == cont.nelements and src.is_contiguous()))
+        return ((src is cont or (src.root is cont and src.is_reshape_of_root()))
                 and supports_node(cont) and supports_node(cast) and cast.dtype in FLOATS)
     for prev, nxt in zip(nodes, nodes[1:]):
         if not nxt.src or nxt.src[0] is not prev:
