@@ -143,64 +143,16 @@ def test_cont_writes_the_gemm_operand(rng, launches):
     assert np.array_equal(results[0], results[1])
 
 
-@cuda
-def test_wide_matvec_reads_weights_early(rng, monkeypatch):
-    """A weight no step writes is loaded before the wait (the `early` argument) unless the launch
-    is the run's first; a matrix the run writes (a cache row set by set_rows) never is. Each case
-    replays its graph with new inputs: the early loads must not see stale vectors."""
-    from gg.backends.cuda import lower
-    flags: dict[str, int] = {}
-    base = lower.Launch
-
-    class Recorded(base):
-        def __init__(self, rt, file, name, grid, block, args, *rest, **kw):
-            if name.startswith("mul_mat_vecw"):
-                flags[kw.get("what", "")] = int(args._vals[-1].view(np.int32)[0])
-            super().__init__(rt, file, name, grid, block, args, *rest, **kw)
-    monkeypatch.setattr(lower, "Launch", Recorded)
-    ctx = gg.Context()
-    w = ctx.tensor(rand(rng, 300, 4096, dtype=np.float16), name="w")
-    x = ctx.tensor(rand(rng, 1, 4096), name="x")
-    cache = ctx.tensor(rand(rng, 8, 4096, dtype=np.float16), name="cache")
-    idx = ctx.tensor(np.array([3], np.int32), name="idx")
-    first = gg.mul_mat(w, x)                              # the run's first launch
-    h = gg.mul_mat(w, gg.rms_norm(x, 1e-6))               # after rms_norm: early
-    row = gg.set_rows(cache, x, idx)                      # the run writes `cache` ...
-    c = gg.mul_mat(row, gg.scale(x, 0.5))                 # ... so this one waits first
-    g = gg.build_forward(first, h, c, backends=("cuda",))
-    for step in range(3):
-        x.set(rand(rng, 1, 4096))
-        g.compute()
-        xs = x.numpy().astype(np.float64)
-        assert nmse(first.numpy(), ref_mul_mat(w.numpy(), x.numpy())) <= 1e-7
-        ref_h = ref_mul_mat(w.numpy(), (xs / np.sqrt((xs * xs).mean() + 1e-6)).astype(np.float32))
-        assert nmse(h.numpy(), ref_h) <= 1e-6, step
-        ref_c = ref_mul_mat(cache.numpy(), (0.5 * xs).astype(np.float32))
-        assert nmse(c.numpy(), ref_c) <= 1e-7, step
-    by_step = {int(what.split()[1]): f for what, f in flags.items()}  # what = "step N (...)"
-    expected = {i: int(s.out is h) for i, s in enumerate(g.plan.steps) if any(s.out is t for t in (first, h, c))}
-    assert expected[0] == 0 and by_step == expected
-
-
 def test_every_kernel_waits_for_its_predecessor_first():
     """gg launches its kernels with programmatic stream serialization on sm_90+ (launch.py), which
-    is only safe if each kernel's first statement waits for the kernel before it: gg_grid_sync().
-    The one exception, the wide mat-vec, loads weights no kernel of the run writes first (lower.py
-    _early), and its implementation waits exactly once, before anything else is read."""
+    is only safe if each kernel's first statement waits for the kernel before it: gg_grid_sync()."""
     import re
     from gg.backends.cuda.compiler import KERNEL_DIR
-    early = {"mmvw_impl<TA, TB>(dst, d, a, ad, b, bd, r, rd, early);"}
     entries = 0
     for path in sorted(KERNEL_DIR.glob("*.cu")):
         text = path.read_text()
         for m in re.finditer(r'extern "C" __global__[^{]*\{', text):
             body = text[m.end():].lstrip(" \t\\\n")
-            assert body.startswith("gg_grid_sync();") or body.split(" /*")[0] in early, \
-                f"{path.name}: {m.group(0)[:80]!r} starts with {body[:40]!r}"
+            assert body.startswith("gg_grid_sync();"), f"{path.name}: {m.group(0)[:80]!r} starts with {body[:40]!r}"
             entries += 1
     assert entries >= 17
-    impl = (KERNEL_DIR / "mul_mat.cu").read_text().split("void mmvw_impl(")[1].split("\n}\n")[0]
-    before, after = impl.split("gg_grid_sync();")
-    assert "gg_grid_sync" not in after and "if (early) load_a(threadIdx.x);" in before
-    loads = re.findall(r"\bld\w*(?:<[^>]*>)?\(\w+|\*\(const \w+\*\)\s*\w+", before)
-    assert loads == ["ld16_cs(arow"], loads  # before the wait: the weight row only

@@ -31,9 +31,7 @@ def _code(t: Tensor) -> int:
     return support.DT_CODES[t.dtype]
 
 
-def lower(rt, step, index: int, written: frozenset[int] = frozenset()) -> list[Callable[[], None]]:
-    """The launch records of `step`, the run's step number `index`; `written` holds the id() of
-    every root tensor some step of the run writes (so the rest may be read early, see _mul_mat)."""
+def lower(rt, step, index: int) -> list[Callable[[], None]]:
     ops = tuple(step.ops)
     what = f"step {index} ({'+'.join(ops)}, {step.kernel or support.kernel_name(ops, step.nodes)})"
     out = step.out
@@ -44,7 +42,7 @@ def lower(rt, step, index: int, written: frozenset[int] = frozenset()) -> list[C
     if ops in support.FLASH:
         return _flash(rt, step, what)
     if ops == ("mul_mat", "add"):
-        return [_mul_mat(rt, step, what, _early(step, index, written))]
+        return [_mul_mat(rt, step, what)]
     if "soft_max" in ops:
         return [_soft_max(rt, step, what)]
     op, srcs = ops[0], step.srcs(out)
@@ -113,7 +111,7 @@ def lower(rt, step, index: int, written: frozenset[int] = frozenset()) -> list[C
         name = "cpy_i32_i32" if a.dtype is I32 else f"cpy_{a.dtype.name}_{out.dtype.name}"
         return [Launch(rt, "cpy.cu", name, grid, block, args, what=what)]
     if op == "mul_mat":
-        return [_mul_mat(rt, step, what, _early(step, index, written))]
+        return [_mul_mat(rt, step, what)]
     raise BackendError(f"cuda: no lowering for op {op!r} ({what})")
 
 
@@ -325,15 +323,7 @@ def softmax_values_per_thread(n: int) -> int:
     return max(full) if full else min(fits, default=0)
 
 
-def _early(step, index: int, written: frozenset[int]) -> bool:
-    """The step's first operand may be read before its kernel waits for the one before it: a
-    leaf (a weight) that no step of the run writes, and a predecessor of the same run (the first
-    launch of a run may follow any other work on the stream)."""
-    a = step.srcs(step.nodes[0])[0].root
-    return index > 0 and a.is_leaf and id(a) not in written
-
-
-def _mul_mat(rt, step, what: str, early: bool = False):
+def _mul_mat(rt, step, what: str):
     out, mm = step.out, step.nodes[0]  # out is the add of a fused mul_mat -> add
     a, b = step.srcs(mm)
     path = support.mul_mat_path(mm, b)
@@ -352,7 +342,7 @@ def _mul_mat(rt, step, what: str, early: bool = False):
         if one and vec and a.ne[0] // (16 // a.dtype.size) >= MMVW_THREADS:
             # long rows (weights): a block per row, every thread's loads in flight at once
             return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_{a.dtype.name}_{b.dtype.name}", (out.ne[0], batches, 1),
-                          (MMVW_THREADS, 1, 1), args.i32(int(early)), what=what)
+                          (MMVW_THREADS, 1, 1), args, what=what)
         args.i32(int(vec))
         tpr = mmv_threads_per_row(a.ne[0] // 8 if vec else a.ne[0], MMV_BATCH if one else 1)
         rows_per_block = MMV_BLOCK // tpr

@@ -24,9 +24,7 @@ class Program:
         self.steps = list(steps)
         self.graph_exec = None
         with rt.enter():
-            written = frozenset(id(s.out.root) for s in self.steps)
-            self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i, written)
-                                                             for i, s in enumerate(self.steps)]
+            self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
         self.records = [r for rs in self.per_step for r in rs]
         self.names = [f"{'+'.join(s.ops)} ({s.kernel})" for s in self.steps]
         del self.names[64:]  # enough to find a faulting kernel; bounded for huge plans

@@ -91,15 +91,9 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 #define MMVW_THREADS 256  // lower.py MMVW_THREADS
 #define MMVW_BATCH 2
 
-//
-// `early` (lower.py: a is a weight no kernel of the run writes, and the launch is not the run's
-// first): the first round of a's loads is issued before waiting for the previous kernel. With
-// overlapped launches the first wave of blocks becomes resident while that kernel still runs
-// (the decode step's rms_norm before wqkv, the flash combine before wo), so its weight reads
-// overlap the predecessor instead of starting after it.
 template <class TA, class TB>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
-                                          const TDesc& bd, const char* r, const TDesc& rd, int early) {
+                                          const TDesc& bd, const char* r, const TDesc& rd) {
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[MMVW_THREADS / 32];
     const i64 m = blockIdx.x;
@@ -116,19 +110,13 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int chunks = (int)(ad.ne[0] / G);
     float acc = 0.0f;
-    V16 av[MMVW_BATCH];
-    auto load_a = [&](int c0) {
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
+        V16 av[MMVW_BATCH];
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
             const int c = c0 + u * MMVW_THREADS;
             if (c < chunks) av[u] = ld16_cs(arow + (i64)c * 16);
         }
-    };
-    if (early) load_a(threadIdx.x);
-    gg_grid_sync();
-    if (!early) load_a(threadIdx.x);
-    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
-        if (c0 != (int)threadIdx.x) load_a(c0);
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
             const int c = c0 + u * MMVW_THREADS;
@@ -232,8 +220,9 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
-                                 const char* r, TDesc rd, int early) {                                    \
-        mmvw_impl<TA, TB>(dst, d, a, ad, b, bd, r, rd, early); /* waits after its first loads */          \
+                                 const char* r, TDesc rd) {                                               \
+        gg_grid_sync();                                                                                   \
+        mmvw_impl<TA, TB>(dst, d, a, ad, b, bd, r, rd);                                                   \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \
