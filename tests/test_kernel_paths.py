@@ -156,3 +156,13 @@ def test_every_kernel_waits_for_its_predecessor_first():
             assert body.startswith("gg_grid_sync();"), f"{path.name}: {m.group(0)[:80]!r} starts with {body[:40]!r}"
             entries += 1
     assert entries >= 17
+
+
+def test_short_rows_share_a_warp():
+    """Row gathers/scatters of rows shorter than a warp give each row exactly its width in
+    threads (narrow), so a warp spans several rows; wider rows keep whole warps."""
+    from gg.backends.cuda.launch import rows_config
+    assert rows_config(1, 4096, split=True, narrow=True) == ((16, 1, 1), (1, 256, 1))
+    assert rows_config(5, 100, split=True, narrow=True) == ((2, 1, 1), (5, 51, 1))
+    assert rows_config(1, 4096, split=True) == ((512, 1, 1), (32, 8, 1))
+    assert rows_config(4096, 1, split=True, narrow=True) == rows_config(4096, 1, split=True)

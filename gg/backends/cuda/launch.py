@@ -117,13 +117,16 @@ class Launch:
             check((err,), f"launching {self.name} for {self.what}")
 
 
-def rows_config(work: int, rows: int, max_threads: int = 256,
-                split: bool = False) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+def rows_config(work: int, rows: int, max_threads: int = 256, split: bool = False,
+                narrow: bool = False) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Grid and block for the row kernels: x threads cover a row's `work` items, y-slices take one
     row each. With `split` (kernels that stride by gridDim.y * blockDim.x) a long row is also
     spread over blockIdx.y, each thread keeping about ROW_ITEMS_PER_THREAD items, so a single
-    huge row (a flat copy) still fills the GPU."""
-    tx = min(max_threads, max(32, (work + 31) // 32 * 32))
+    huge row (a flat copy) still fills the GPU. With `narrow` (kernels with no warp-wide steps)
+    rows shorter than a warp get exactly `work` x threads, so a warp spans several rows: the
+    decode step's V cache write (4096 rows of one element) ran one useful lane per warp, and its
+    per-row index arithmetic on 32 times as many warps cost 1.3 us (H100)."""
+    tx = min(max_threads, max(32, (work + 31) // 32 * 32)) if not (narrow and work < 32) else max(1, work)
     ty = max(1, max_threads // tx)
     gy = min(GRID_Y_MAX, max(1, -(-work // (tx * ROW_ITEMS_PER_THREAD)))) if split else 1
     return ((rows + ty - 1) // ty, gy, 1), (tx, ty, 1)

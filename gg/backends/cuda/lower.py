@@ -87,12 +87,12 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
         return [launch]
     if op == "get_rows":
         a, idx = srcs
-        grid, block = rows_config(out.ne[0], _rows(out), split=True)
+        grid, block = rows_config(out.ne[0], _rows(out), split=True, narrow=True)
         args = Args().tensor(out).tensor(a).tensor(idx).ptr(rt.err_word.ptr).i32(_err_code(rt, what))
         return [Launch(rt, "rows.cu", f"get_rows_{a.dtype.name}", grid, block, args, what=what)]
     if op == "set_rows":
         _, b, idx = srcs
-        grid, block = rows_config(b.ne[0], _rows(b), split=True)
+        grid, block = rows_config(b.ne[0], _rows(b), split=True, narrow=True)
         args = Args().tensor(out).tensor(b).tensor(idx).ptr(rt.err_word.ptr).i32(_err_code(rt, what))
         name = f"set_rows_{b.dtype.name}_{out.dtype.name}"
         return [Launch(rt, "rows.cu", name, grid, block, args, what=what)]

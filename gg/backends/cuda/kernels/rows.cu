@@ -63,7 +63,9 @@ __device__ __forceinline__ void set_rows_impl(char* dst, const TDesc& d, const c
         const i64 i0 = first + u * step;
         ahead[u] = i0 < d.ne[0] ? ld<TS>(brow + i0 * bd.nb[0]) : 0.0f;
     }
-    const i64 k = *(const int*)(idx + i1 * id.nb[0] + (i2 % id.ne[1]) * id.nb[1] + (i3 % id.ne[2]) * id.nb[2]);
+    // (a 64-bit modulo is a ~70-instruction routine: skipped for the usual single index plane)
+    const i64 j2 = id.ne[1] == 1 ? 0 : i2 % id.ne[1], j3 = id.ne[2] == 1 ? 0 : i3 % id.ne[2];
+    const i64 k = *(const int*)(idx + i1 * id.nb[0] + j2 * id.nb[1] + j3 * id.nb[2]);
     if (k < 0 || k >= d.ne[1]) {
         if (threadIdx.x == 0) report_error(err, code);
         return;

@@ -1,0 +1,69 @@
+"""What each step of the decode (or prefill) block costs inside the replayed CUDA graph, where
+kernels overlap their launches (a profiling aid; no hardware counters needed):
+    python3 scripts/step_costs.py [n_head_kv [T]]
+For every step i: `alone` replays a graph of that step only; `+1 copy` replays the whole plan with
+step i run twice in a row and reports the difference from the plain plan - its cost on the
+critical path, boundaries included (timing only: a doubled in-place step computes nonsense)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+import gg  # noqa: E402
+from gg import llama as L  # noqa: E402
+from gg.backends.cuda import runtime  # noqa: E402
+from gg.backends.cuda.program import Program  # noqa: E402
+from gg.backends.cuda.runtime import check, cu  # noqa: E402
+from bench_attention import build_gg, fill_cache, make_weights, random_cache_rows  # noqa: E402
+
+
+def replay_us(rt, steps, iters: int = 300) -> float:
+    prog = Program(rt, steps)
+    for _ in range(20):
+        prog.run()
+    rt.synchronize("warm-up")
+    with rt.enter():
+        e0, e1 = (check(cu.cuEventCreate(0), "event")[0] for _ in range(2))
+        best = float("inf")
+        for _ in range(5):
+            check(cu.cuEventRecord(e0, rt.stream), "record")
+            for _ in range(iters):
+                prog._run()
+            check(cu.cuEventRecord(e1, rt.stream), "record")
+            rt.synchronize("timing")
+            best = min(best, check(cu.cuEventElapsedTime(e0, e1), "elapsed")[0] * 1e3 / iters)
+        cu.cuEventDestroy(e0), cu.cuEventDestroy(e1)
+    return best
+
+
+def main() -> None:
+    n_head_kv = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    T = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    cfg = L.Config(n_embd=4096, n_head=32, n_head_kv=n_head_kv, n_ff=64, n_ctx=4096, wtype=gg.F16, kv_type=gg.F16)
+    rng = np.random.default_rng(0)
+    weights = make_weights(cfg)
+    cache = L.KVCache(cfg, weights.ctx)
+    if T == 1:
+        fill_cache(cache, *random_cache_rows(cfg, rng), cfg.n_ctx - 1)
+        g, x, out, batch = build_gg(cfg, weights, cache, 1, cfg.n_ctx - 1, ("cuda",), indexed=True)
+    else:
+        g, x, out, batch = build_gg(cfg, weights, cache, T, 0, ("cuda",), indexed=False)
+    x.set(rng.standard_normal((T, cfg.n_embd), dtype=np.float32))
+    g.compute()
+    rt = runtime.get()
+    steps = list(g.plan.steps)
+    full = replay_us(rt, steps)
+    print(f"whole plan, replayed: {full:.1f} us   (T={T}, n_head_kv={n_head_kv})")
+    print(f"{'#':>2}  {'ops':34} {'kernel':28} {'alone us':>9} {'+1 copy us':>11}")
+    for i, s in enumerate(steps):
+        alone = replay_us(rt, [s] * 4) / 4  # captured: a graph needs more than one launch
+        dup = replay_us(rt, steps[:i + 1] + [s] + steps[i + 1:]) - full
+        print(f"{i:>2}  {'+'.join(s.ops):34} {str(s.kernel):28} {alone:9.1f} {dup:11.1f}")
+
+
+if __name__ == "__main__":
+    main()
