@@ -59,60 +59,6 @@ __device__ __forceinline__ float group_sum_scatter(float* acc, int lane, int& he
     return v;
 }
 
-// ---- tensor-core pieces of the fast path (mma.sync m16n8k16, f32 accumulate; sm_80+) ----------
-// The fast path computes K·q and P·V as tensor-core products: a warp-wide instruction does 2048
-// multiply-adds, so a block's arithmetic shrinks to a few dozen instructions per warp and the
-// block spends its time waiting on memory, not issuing (the FMA version issued on ~half of all
-// cycles, and its blocks held their shared memory while computing: 70% of DRAM bandwidth).
-// The single-row operands (q, and the softmax weights p) are F32; each goes in as two rows of
-// the A matrix, hi = TK(x) and lo = TK(x - hi), whose products add up to ~22 bits (F16) or
-// ~16 bits (BF16) of x: K and V are exact in TK, so the scores keep F32-level accuracy.
-template <class TK> struct Mma;
-template <> struct Mma<f16> {
-    static __device__ __forceinline__ void run(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u16 enc(float x) { return f2h(x); }
-    static __device__ __forceinline__ float dec(u16 x) { return h2f(x); }
-};
-template <> struct Mma<bf16> {
-    static __device__ __forceinline__ void run(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u16 enc(float x) { return f2bf(x); }
-    static __device__ __forceinline__ float dec(u16 x) { return bf2f(x); }
-};
-
-// Row `part` (0: hi, 1: lo) of x as TK bits.
-template <class TK> __device__ __forceinline__ unsigned split_part(float x, int part) {
-    const u16 hi = Mma<TK>::enc(x);
-    return part ? Mma<TK>::enc(x - Mma<TK>::dec(hi)) : hi;
-}
-template <class TK> __device__ __forceinline__ unsigned split_pair(float x0, float x1, int part) {
-    return split_part<TK>(x0, part) | (split_part<TK>(x1, part) << 16);
-}
-
-// A fragment of one k-step for the lane's rows g (values x_g) and g + 8 (x_g8; null: zero rows),
-// part 0/1 = hi/lo: the step's columns are elements e0 + {0,1} (k = 2t, 2t+1) and e0 + {2,3}
-// (k = 2t+8, 2t+9) - the permuted k order that matches one LDS.128 of B per two steps.
-template <class TK>
-__device__ __forceinline__ void a_frag(unsigned* a, const float* x_g, const float* x_g8, int part, int e0) {
-    a[0] = x_g ? split_pair<TK>(x_g[e0], x_g[e0 + 1], part) : 0u;
-    a[2] = x_g ? split_pair<TK>(x_g[e0 + 2], x_g[e0 + 3], part) : 0u;
-    a[1] = x_g8 ? split_pair<TK>(x_g8[e0], x_g8[e0 + 1], part) : 0u;
-    a[3] = x_g8 ? split_pair<TK>(x_g8[e0 + 2], x_g8[e0 + 3], part) : 0u;
-}
-
-// Tiles in shared memory: 16-byte piece c of tile row r lives at piece c ^ 4 (r & 1), so the 8
-// lanes of an LDS.128 phase (two rows, four pieces each) hit 8 different bank quads.
-__device__ __forceinline__ int swz(int r, int c) { return c ^ ((r & 1) << 2); }
-
 struct FaArgs {
     float cx, post;   // score = post * (cx * K·q + mask)
     int n_past;       // >= 0: diag_mask_inf(n_past) instead of a mask tensor
@@ -130,8 +76,8 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     constexpr int SC = FAST ? FA_CHUNK : FA_MAX_CHUNK;
     // dynamic: the K tile [FA_CHUNK][HD] and the V tile [HD][FA_CHUNK] (fast path)
     extern __shared__ __align__(16) char dyn[];
-    __shared__ __align__(16) float qs[NH][FAST ? HD : FA_MAX_HD];  // q
-    __shared__ __align__(16) float sc[NH][SC];   // the mask, then the scores, then e^(s - m)
+    __shared__ float qs[NH][FAST ? 1 : FA_MAX_HD];  // q (generic path; the fast path keeps it in registers)
+    __shared__ float sc[NH][SC];                  // the mask, then the scores, then e^(s - m)
     const float NEG_INF = -__int_as_float(0x7f800000);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hd = FAST ? HD : (int)kd.ne[0];
@@ -154,9 +100,21 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     auto row_of = [&](int hh) -> i64 { return (i64)blockIdx.z * d.ne[2] + h0 + hh; };
     auto diag = [&](i64 j) -> bool { return p.n_past >= 0 && j > (i64)p.n_past + t; };
 
-    for (int e = tid; e < NH * hd; e += FA_THREADS) {
-        const int hh = e / hd, c = e - hh * hd;
-        qs[hh][c] = ld<float>(qb + c * qd.nb[0] + hh * qd.nb[2]);
+    // fast path: lane gl of a K-row group of TPP lanes owns q elements [8 gl, 8 gl + 8) of each head
+    constexpr int TPP = FAST ? (HD / 8 > NH ? HD / 8 : NH) : 32;
+    const int grp = tid / TPP, gl = tid % TPP;
+    float qr[NH][8];
+    if (FAST) {
+#pragma unroll
+        for (int hh = 0; hh < NH; ++hh)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                qr[hh][i] = gl * 8 < hd ? ld<float>(qb + (gl * 8 + i) * qd.nb[0] + hh * qd.nb[2]) : 0.0f;
+    } else {
+        for (int e = tid; e < NH * hd; e += FA_THREADS) {
+            const int hh = e / hd, c = e - hh * hd;
+            qs[hh][c] = ld<float>(qb + c * qd.nb[0] + hh * qd.nb[2]);
+        }
     }
     // the chunk's mask values (masks broadcast over heads: usually one row), and whether any
     // position is visible at all
@@ -183,18 +141,15 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         constexpr int KROW = HD * (int)sizeof(TK), VROW = FA_CHUNK * (int)sizeof(TK);  // tile row bytes
         char* Ks = dyn;
         char* Vs = dyn + FA_CHUNK * KROW;
-        // Fast path, mma fragments (PTX ISA, m16n8k16): lane = 4 g + t holds A rows g, g + 8 and
-        // B/C columns g (B) / 2t, 2t + 1 (C). A row 2 hh + part is head hh's hi or lo part. The
-        // k order inside each 16-wide step is permuted (the sum does not care) so that one LDS.128
-        // of 8 consecutive elements feeds the B operand of two steps.
-        const int g = lane >> 2, tq = lane & 3;
+        // ---- scores: TPP lanes per K row, reduced by a reduce-scatter over the group
+        const int writer = (gl & (TPP / NH - 1)) == 0;
         if constexpr (FAST) {
             // every K and V byte of the chunk in flight at once (V positions past len zero-filled)
             constexpr int KP = KROW / 16, VP = VROW / 16;  // 16-byte pieces per tile row
 #pragma unroll
             for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
                 const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
-                if (r < len) cp_async16(Ks + r * KROW + swz(r, c) * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
+                if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
             }
             cp_async_commit();
             const char* v0 = vb + j0 * (i64)sizeof(TK);
@@ -203,41 +158,32 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             for (int i = 0; i < HD * VP / FA_THREADS; ++i) {
                 const int e = tid + i * FA_THREADS, dd = e / VP, c = e % VP;
                 const int n = max(0, min(16, vlen - c * 16));
-                cp_async16(Vs + dd * VROW + swz(dd, c) * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
+                cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
             }
             cp_async_commit();
-            // q's A fragments for every step, built while the tiles are in flight
-            constexpr int KSTEPS = HD / 16;
-            unsigned qa[KSTEPS][4];
-            {
-                const float* q_lo = (g >> 1) < NH ? qs[g >> 1] : nullptr;
-                const float* q_hi = NH > 4 && 4 + (g >> 1) < NH ? qs[(4 + (g >> 1)) % NH] : nullptr;
-#pragma unroll
-                for (int k = 0; k < KSTEPS; ++k) a_frag<TK>(qa[k], q_lo, q_hi, g & 1, (k >> 1) * 32 + tq * 8 + (k & 1) * 4);
-            }
             cp_async_wait<1>();  // the K tile
             __syncthreads();
-            // scores: warp w takes positions [16 w, 16 w + 16) as two 8-column tiles
+            constexpr int GROUPS = FA_THREADS / TPP;
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const int r = warp * 16 + nt * 8 + g;  // this lane's K row (B column g)
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int u = 0; u < FA_CHUNK / GROUPS; ++u) {
+                const int jj = u * GROUPS + grp;
+                float kv[8];
+                if (jj < len && gl * 8 < HD) {
+                    ld8<TK>(Ks + jj * KROW + gl * 8 * (int)sizeof(TK), kv);
+                } else {
 #pragma unroll
-                for (int k2 = 0; k2 < KSTEPS / 2; ++k2) {
-                    const V16 kw = *(const V16*)(Ks + r * KROW + swz(r, k2 * 4 + tq) * 16);
-                    Mma<TK>::run(c, qa[2 * k2], kw.w[0], kw.w[1]);
-                    Mma<TK>::run(c, qa[2 * k2 + 1], kw.w[2], kw.w[3]);
+                    for (int i = 0; i < 8; ++i) kv[i] = 0.0f;
                 }
-                // hi + lo rows: lanes g and g ^ 1
+                float acc[NH];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) c[i] += __shfl_xor_sync(0xffffffffu, c[i], 4);
-                if ((g & 1) == 0) {
+                for (int hh = 0; hh < NH; ++hh) {
+                    acc[hh] = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int hh = (g >> 1) + (i >> 1) * 4, jj = warp * 16 + nt * 8 + tq * 2 + (i & 1);
-                        if (hh < NH && jj < len) sc[hh][jj] = score(hh, jj, c[i]);
-                    }
+                    for (int i = 0; i < 8; ++i) acc[hh] += kv[i] * qr[hh][i];
                 }
+                int hh;
+                const float dot = group_sum_scatter<NH, TPP>(acc, lane, hh);
+                if (jj < len && writer) sc[hh][jj] = score(hh, jj, dot);
             }
         } else {  // any strides, straight from global memory: a warp per K row, lanes over it
             for (int jj = warp; jj < len; jj += FA_WARPS) {
@@ -252,7 +198,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 }
                 int hh;
                 const float dot = group_sum_scatter<NH, 32>(acc, lane, hh);
-                if ((lane & (32 / NH - 1)) == 0) sc[hh][jj] = score(hh, jj, dot);
+                if (writer) sc[hh][jj] = score(hh, jj, dot);
             }
         }
         __syncthreads();
@@ -279,36 +225,30 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         __syncthreads();
 
         // ---- o[d] = Σ_j e_j V[d, j]: V rows run over positions (the transposed cache)
-        if constexpr (FAST) {  // warp w takes dims [w HD/4, (w + 1) HD/4) as 8-column tiles
-            constexpr int NT = HD / 32;
-            unsigned pa[FA_CHUNK / 16][4];
-            {
-                const float* p_lo = (g >> 1) < NH ? sc[g >> 1] : nullptr;
-                const float* p_hi = NH > 4 && 4 + (g >> 1) < NH ? sc[(4 + (g >> 1)) % NH] : nullptr;
+        if constexpr (FAST) {  // VL lanes cover a tile row, 8 positions each
+            constexpr int VL = FA_CHUNK / 8, ROWS = 32 / VL;
+            const int lr = lane % VL, rw = lane / VL;
+            const int vwriter = (lr & (VL / NH - 1)) == 0;
+            float pr[NH][8];
 #pragma unroll
-                for (int k = 0; k < FA_CHUNK / 16; ++k) a_frag<TK>(pa[k], p_lo, p_hi, g & 1, (k >> 1) * 32 + tq * 8 + (k & 1) * 4);
-            }
+            for (int hh = 0; hh < NH; ++hh)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const int dd = warp * (HD / 4) + nt * 8 + g;  // this lane's V row (B column g)
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int i = 0; i < 8; ++i) pr[hh][i] = sc[hh][lr * 8 + i];
 #pragma unroll
-                for (int k2 = 0; k2 < FA_CHUNK / 32; ++k2) {
-                    const V16 vw = *(const V16*)(Vs + dd * VROW + swz(dd, k2 * 4 + tq) * 16);
-                    Mma<TK>::run(c, pa[2 * k2], vw.w[0], vw.w[1]);
-                    Mma<TK>::run(c, pa[2 * k2 + 1], vw.w[2], vw.w[3]);
+            for (int u = 0; u < HD / (FA_WARPS * ROWS); ++u) {
+                const int dd = (u * FA_WARPS + warp) * ROWS + rw;
+                float vv[8];
+                ld8<TK>(Vs + dd * VROW + lr * 8 * (int)sizeof(TK), vv);
+                float acc[NH];
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) {
+                    acc[hh] = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[hh] += pr[hh][i] * vv[i];
                 }
-#pragma unroll
-                for (int i = 0; i < 4; ++i) c[i] += __shfl_xor_sync(0xffffffffu, c[i], 4);
-                if ((g & 1) == 0) {
-                    const int d0 = warp * (HD / 4) + nt * 8 + tq * 2;
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const int hh = (g >> 1) + half * 4;
-                        if (hh < NH)
-                            *(float2*)(ws_o + (row_of(hh) * S + split) * HD + d0) = make_float2(c[2 * half], c[2 * half + 1]);
-                    }
-                }
+                int hh;
+                const float o = group_sum_scatter<NH, VL>(acc, lane, hh);
+                if (vwriter) ws_o[(row_of(hh) * S + split) * HD + dd] = o;
             }
         } else {  // any strides: a warp per row, lanes over positions
             for (int dd = warp; dd < hd; dd += FA_WARPS) {
