@@ -62,6 +62,27 @@ def test_wide_matvec_with_residual(rng, launches):
 
 
 @cuda
+@pytest.mark.parametrize("k", [2048, 2056, 4104])
+@pytest.mark.parametrize("adt", [gg.F32, gg.F16, gg.BF16])
+def test_wide_matvec_normalizes_its_input(rng, launches, k, adt):
+    """rms_norm(x) * w -> W·h runs as one mat-vec launch; equal to the reference and to the
+    unfused steps."""
+    ctx = gg.Context()
+    x, w = ctx.tensor(rand(rng, 1, k) * 3.0), ctx.tensor(rand(rng, k))
+    wm = ctx.tensor(rand(rng, 301, k), dtype=adt)
+    y = gg.mul_mat(wm, gg.mul(gg.rms_norm(x, 1e-5), w))
+    g = gg.build_forward(y, backends=("cuda",))
+    g.compute()
+    assert launches == [f"mul_mat_vecw_norm_{adt.name}_f32"]
+    got = y.numpy().copy()
+    xs = x.numpy().astype(np.float64)
+    h = (ref_rms_norm(xs, 1e-5) * w.numpy()).astype(np.float32)
+    assert nmse(got, ref_mul_mat(wm.numpy(), h).reshape(got.shape)) <= 1e-7
+    gg.build_forward(y, backends=("cuda",), fuse=False).compute()
+    assert nmse(got, y.numpy()) <= 1e-10
+
+
+@cuda
 @pytest.mark.parametrize("ne0,threads", [(64, 32), (1024, 256), (4096, 256), (4104, 512), (16384, 512)])
 @pytest.mark.parametrize("dtype", [gg.F32, gg.F16, gg.BF16])
 def test_norm_register_builds(rng, launches, ne0, threads, dtype):

@@ -391,3 +391,26 @@ def test_fold_casts_not_through_a_reshape_read_twice(rng, monkeypatch):
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     steps = gg.build_forward(*_heads_to_gemm(rng, extra_reader=True), backends=("cuda", "cpu")).plan.steps
     assert ("cont", "cast") not in [s.ops for s in steps] and ("cont",) in [s.ops for s in steps]
+
+
+def _norm_then_matvec(rng, n=4096, rows=300, tokens=1, wdt=np.float16, consumers=1):
+    ctx = gg.Context()
+    x, w = ctx.tensor(f32(rng, tokens, n)), ctx.tensor(f32(rng, n))
+    h = gg.mul(gg.rms_norm(x, 1e-5), w)
+    outs = [gg.mul_mat(ctx.tensor(f32(rng, rows, n).astype(wdt)), h) for _ in range(consumers)]
+    return outs
+
+
+def test_rms_norm_fuses_into_the_decode_matvec(rng):
+    """One token: rms_norm * w -> W·h is one wide mat-vec step (plannable without a GPU)."""
+    steps = gg.build_forward(*_norm_then_matvec(rng), backends=("cuda", "cpu")).plan.steps
+    assert [(s.ops, s.kernel) for s in steps] == [(("rms_norm", "mul", "mul_mat"), "mul_mat_vecw_norm_f16_f32")]
+
+
+@pytest.mark.parametrize("case", ["two tokens", "two products", "short rows", "odd rows"])
+def test_rms_norm_stays_apart_from_other_matvecs(rng, case):
+    kw = {"two tokens": dict(tokens=2), "two products": dict(consumers=2), "short rows": dict(n=1024),
+          "odd rows": dict(n=4100)}[case]
+    steps = gg.build_forward(*_norm_then_matvec(rng, **kw), backends=("cuda", "cpu")).plan.steps
+    assert ("rms_norm", "mul", "mul_mat") not in [s.ops for s in steps]
+    assert [s.ops for s in steps][0] == ("rms_norm", "mul")

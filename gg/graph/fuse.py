@@ -18,6 +18,7 @@ PATTERNS: tuple[tuple[str, ...], ...] = (  # longest first
     ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
     ("mul_mat", "soft_max", "mul_mat"),
     ("mul_mat", "add"),                                           # a residual added by the mat-vec
+    ("rms_norm", "mul", "mul_mat"),                               # a decode step's normalized input x W
     ("rms_norm", "mul", "add"),
     ("scale", "add", "soft_max"),
     ("scale", "diag_mask_inf", "soft_max"),

@@ -37,6 +37,8 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     out = step.out
     if out.nelements == 0:
         return []
+    if ops == support.NORM_MATVEC:
+        return [_norm_matvec(rt, step, what)]
     if ops[0] == "rms_norm" or ops == ("norm",):
         return [_norm(rt, step, what)]
     if ops in support.FLASH:
@@ -119,7 +121,7 @@ MMV_BLOCK = 128  # threads per mat-vec block
 
 
 MMV_BATCH = 4    # kernels/mul_mat.cu: 16-byte loads a thread issues before using them
-MMVW_THREADS = 256  # kernels/mul_mat.cu: threads per row of the wide mat-vec
+MMVW_THREADS = support.MMVW_THREADS
 CPY_VEC_THREADS = 512
 
 
@@ -321,6 +323,18 @@ def softmax_values_per_thread(n: int) -> int:
     fits = [k for k in support.SOFTMAX_NPT if -(-n // k) <= SOFTMAX_MAX_THREADS]
     full = [k for k in fits if k <= SOFTMAX_BEST_NPT and -(-n // k) >= SOFTMAX_MIN_THREADS]
     return max(full) if full else min(fits, default=0)
+
+
+def _norm_matvec(rt, step, what: str) -> Launch:
+    """rms_norm(x) * w -> W·h as one wide mat-vec that normalizes x as it reads it (mul_mat.cu NORM)."""
+    rn, mul, mm = step.nodes
+    (x,), (_, w), (a, _) = step.srcs(rn), step.srcs(mul), step.srcs(mm)
+    out = step.out
+    if not (_aligned16(a) and _aligned16(x) and _aligned16(w)):  # support.norm_matvec_ok saw the layouts
+        raise BackendError(f"cuda: operands of {what} are not 16-byte aligned")
+    args = Args().tensor(out).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
+    return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32", (out.ne[0], 1, 1), (MMVW_THREADS, 1, 1),
+                  args, what=what)
 
 
 def _mul_mat(rt, step, what: str):

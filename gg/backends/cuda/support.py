@@ -26,8 +26,10 @@ FLASH = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
          ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
          ("mul_mat", "soft_max", "mul_mat"))
 NORM_CHAINS = (("rms_norm",), ("rms_norm", "mul"), ("rms_norm", "mul", "add"))
+# rms_norm(x) * w feeding a one-column product W·h: the wide mat-vec normalizes as it multiplies.
+NORM_MATVEC = ("rms_norm", "mul", "mul_mat")
 # A chain + "cast": the planner's fold_casts lets the chain write its result in the cast's dtype.
-FUSED = (NORM_CHAINS[1:] + (("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
+FUSED = (NORM_CHAINS[1:] + (NORM_MATVEC, ("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
          + tuple(c + ("cast",) for c in SOFTMAX_CHAINS + NORM_CHAINS + (("cont",),)) + FLASH)
 FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
 FLASH_MAX_HD = 256       # kernels/attn.cu FA_MAX_HD
@@ -41,6 +43,7 @@ FLASH_FAST_CHUNK = 64          # attn.cu FA_CHUNK
 SOFTMAX_NPT = (4, 8, 16, 32)  # register-resident softmax variants: values per thread
 NORM_REG_BUILDS = ((32, 4), (256, 2), (512, 4))  # kernels/norm.cu register builds: (threads, 8-chunks each)
 MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec kernel (decode)
+MMVW_THREADS = 256       # kernels/mul_mat.cu: threads per row of the wide mat-vec (a block per row)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 GRID_YZ_MAX = 65535
 GRID_X_MAX = 2 ** 31 - 1
@@ -164,6 +167,8 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
         return False
     if ops in FLASH:
         return flash_ok(nodes)
+    if ops == NORM_MATVEC:
+        return norm_matvec_ok(nodes)
     if ops == ("cont", "cast"):  # the cast may read the cont through a reshape (planner: fold_casts)
         cont, cast = nodes
         src = cast.src[0]
@@ -204,6 +209,26 @@ def norm_cast_ok(nodes: Sequence[Tensor]) -> bool:
     biggest = max(t * per for t, per in NORM_REG_BUILDS)
     return (x.dtype is F32 and out.dtype in (F16, BF16) and n % 8 == 0 and n // 8 <= biggest and _rows16(x)
             and all(t.dtype is F32 and t.ne[0] == n and _rows16(t) for t in operands))
+
+
+def wide_matvec(a: Tensor, b: Tensor) -> bool:
+    """W·b runs on the wide mat-vec (a block per row of W): one column of b, rows of both 16-byte
+    accessible, K a multiple of 8 and long enough to give every thread of the block a load."""
+    return (b.ne[1] == 1 and a.ne[0] % 8 == 0 and a.ne[0] // (16 // a.dtype.size) >= MMVW_THREADS
+            and _rows16(a) and _rows16(b))
+
+
+def norm_matvec_ok(nodes: Sequence[Tensor]) -> bool:
+    """rms_norm(x) * w -> W·h in one wide mat-vec: h is one F32 row (a decode step's token), w a
+    full F32 row, and W·h takes the wide path. Every block then computes sum(x^2) of the row it
+    reads anyway, so the normalization costs no launch and no pass of its own."""
+    rn, mul, mm = nodes
+    x, w = rn.src[0], mul.src[1]
+    if mul.src[0] is not rn or mm.src[1] is not mul or not all(supports_node(n) for n in nodes):
+        return False
+    return (x.dtype is F32 and x.ne[1:] == (1, 1, 1) and _rows16(x) and w.dtype is F32 and w.ne == x.ne
+            and _rows16(w) and mm.src[0].dtype in FLOATS and mm.ne[2:] == (1, 1) and wide_matvec(mm.src[0], x)
+            and mul_mat_path(mm) == "vec")
 
 
 def flash_ok(nodes: Sequence[Tensor]) -> bool:
@@ -270,6 +295,8 @@ def kernel_name(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
         return f"flash_attn_{_dt(nodes[0].src[0])}"
     if ops == ("mul_mat", "add"):
         return f"mul_mat_vec_add_{_dt(nodes[0].src[0])}_{_dt(nodes[0].src[1])}"
+    if ops == NORM_MATVEC:
+        return f"mul_mat_vecw_norm_{_dt(out.src[0])}_f32"
     if len(ops) > 1:
         return "_".join(ops) + f"_{_dt(out)}"
     op = ops[0]

@@ -91,11 +91,17 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 #define MMVW_THREADS 256  // lower.py MMVW_THREADS
 #define MMVW_BATCH 2
 
-template <class TA, class TB>
+//
+// NORM (the planner's rms_norm -> mul -> mul_mat, a decode step's normalized input): b is the raw
+// row x, and every block computes W·(x * w) and sum(x^2) over the elements it reads anyway, then
+// scales by 1 / sqrt(mean(x^2) + eps). The rms_norm launch and its round trip through memory
+// disappear; the extra work is a second weight row (w, from L1) and one more block reduction.
+template <class TA, class TB, bool NORM>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
-                                          const TDesc& bd, const char* r, const TDesc& rd) {
+                                          const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
+                                          float eps = 0.0f) {
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
-    __shared__ float part[MMVW_THREADS / 32];
+    __shared__ float part[NORM ? 2 : 1][MMVW_THREADS / 32];
     const i64 m = blockIdx.x;
     // 32-bit index math, and none without batches: four 64-bit divisions (software, ~70
     // instructions each) ahead of the first load cost a short wave of rows 3.5 us (4096 rows).
@@ -109,7 +115,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     const char* arow = a + m * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
     const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int chunks = (int)(ad.ne[0] / G);
-    float acc = 0.0f;
+    float acc = 0.0f, ss = 0.0f;
     for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
         V16 av[MMVW_BATCH];
 #pragma unroll
@@ -125,18 +131,36 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
                 unpack16<TA>(av[u], w);
                 if (G == 8) ld8<TB>(brow + (i64)c * 8 * (i64)sizeof(TB), x);
                 else ldg<TB, 4>(brow + (i64)c * 4 * (i64)sizeof(TB), x);
+                if constexpr (NORM) {
+                    float nv[G];
+                    if constexpr (G == 8) ld8<float>(nw + (i64)c * 32, nv);
+                    else ldg<float, 4>(nw + (i64)c * 16, nv);
+#pragma unroll
+                    for (int i = 0; i < G; ++i) {
+                        ss += x[i] * x[i];
+                        x[i] *= nv[i];
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < G; ++i) acc += w[i] * x[i];
             }
         }
     }
     acc = warp_sum(acc);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    if constexpr (NORM) ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) {
+        part[0][threadIdx.x >> 5] = acc;
+        if constexpr (NORM) part[1][threadIdx.x >> 5] = ss;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
-        float v = 0.0f;
+        float v = 0.0f, sq = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MMVW_THREADS / 32; ++i) v += part[i];
+        for (int i = 0; i < MMVW_THREADS / 32; ++i) {
+            v += part[0][i];
+            if constexpr (NORM) sq += part[1][i];
+        }
+        if constexpr (NORM) v *= 1.0f / sqrtf(sq / (float)ad.ne[0] + eps);  // as kernels/norm.cu
         if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
         *(float*)(dst + m * d.nb[0] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
     }
@@ -222,7 +246,7 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
                                  const char* r, TDesc rd) {                                               \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, TB>(dst, d, a, ad, b, bd, r, rd);                                                   \
+        mmvw_impl<TA, TB, false>(dst, d, a, ad, b, bd, r, rd);                                            \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \
@@ -230,7 +254,16 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mm_impl<TA, TB>(dst, d, a, ad, b, bd);                                                            \
     }
 
-#define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16)
+// W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM.
+#define GG_MM_NORM(TA, SA)                                                                                \
+    extern "C" __global__ void __launch_bounds__(MMVW_THREADS, 6) /* 6 blocks per SM, as the plain one */  \
+        mul_mat_vecw_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, \
+                                     const char* nw, float eps) {                                         \
+        gg_grid_sync();                                                                                   \
+        mmvw_impl<TA, float, true>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);                            \
+    }
+
+#define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16) GG_MM_NORM(TA, SA)
 GG_MM_B(float, f32)
 GG_MM_B(f16, f16)
 GG_MM_B(bf16, bf16)
