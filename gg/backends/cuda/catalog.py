@@ -52,6 +52,8 @@ def variants() -> list[Variant]:
         v.append(Variant("cpy.cu", f"cpy_t_{s}_{d}"))
     for kind, a, b in product(("vec1", "vec", "vecw", "tiled"), FLOAT_NAMES, FLOAT_NAMES):
         v.append(Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}"))
+    for a in FLOAT_NAMES:  # rms_norm -> mul -> mul_mat of one token (support.NORM_MATVEC)
+        v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_{a}_f32"))
     v.append(Variant("attn.cu", "flash_combine"))
     for t in FLOAT_NAMES:
         v.append(Variant("attn.cu", f"flash_attn_{t}_h1"))
