@@ -122,6 +122,7 @@ MMV_BLOCK = 128  # threads per mat-vec block
 
 MMV_BATCH = 4    # kernels/mul_mat.cu: 16-byte loads a thread issues before using them
 MMVW_THREADS = support.MMVW_THREADS
+MMVW_NORM_ROWS = 2  # kernels/mul_mat.cu: weight rows per block of the normalizing mat-vec
 CPY_VEC_THREADS = 512
 
 
@@ -333,8 +334,9 @@ def _norm_matvec(rt, step, what: str) -> Launch:
     if not (_aligned16(a) and _aligned16(x) and _aligned16(w)):  # support.norm_matvec_ok saw the layouts
         raise BackendError(f"cuda: operands of {what} are not 16-byte aligned")
     args = Args().tensor(out).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
-    return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32", (out.ne[0], 1, 1), (MMVW_THREADS, 1, 1),
-                  args, what=what)
+    grid = (-(-out.ne[0] // MMVW_NORM_ROWS), 1, 1)
+    return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32", grid, (MMVW_THREADS, 1, 1), args,
+                  what=what)
 
 
 def _mul_mat(rt, step, what: str):

@@ -90,19 +90,23 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // machine even on a short wave of rows.
 #define MMVW_THREADS 256  // lower.py MMVW_THREADS
 #define MMVW_BATCH 2
+#define MMVW_NORM_ROWS 2  // lower.py MMVW_NORM_ROWS
 
 //
 // NORM (the planner's rms_norm -> mul -> mul_mat, a decode step's normalized input): b is the raw
 // row x, and every block computes W·(x * w) and sum(x^2) over the elements it reads anyway, then
-// scales by 1 / sqrt(mean(x^2) + eps). The rms_norm launch and its round trip through memory
-// disappear; the extra work is a second weight row (w, from L1) and one more block reduction.
-template <class TA, class TB, bool NORM>
+// scales by 1 / sqrt(mean(x^2) + eps): the rms_norm launch and its round trip through memory
+// disappear. Reading x and w (32 KB per 4096-row) for every weight row made the vector traffic
+// from L2 the limit (44 us instead of 33 for wqkv, H100), so that build takes ROWS = 2 weight
+// rows per block: each x and w element loaded serves both.
+template <class TA, class TB, bool NORM, int ROWS>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
                                           float eps = 0.0f) {
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
-    __shared__ float part[NORM ? 2 : 1][MMVW_THREADS / 32];
-    const i64 m = blockIdx.x;
+    __shared__ float part[ROWS + NORM][MMVW_THREADS / 32];
+    const i64 m0 = (i64)blockIdx.x * ROWS;
+    const int nrows = ROWS == 1 ? 1 : (int)min((i64)ROWS, d.ne[0] - m0);
     // 32-bit index math, and none without batches: four 64-bit divisions (software, ~70
     // instructions each) ahead of the first load cost a short wave of rows 3.5 us (4096 rows).
     unsigned i2 = 0, i3 = 0, j2 = 0, j3 = 0;
@@ -112,23 +116,26 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         j2 = i2 / ((unsigned)bd.ne[2] / (unsigned)ad.ne[2]);
         j3 = i3 / ((unsigned)bd.ne[3] / (unsigned)ad.ne[3]);
     }
-    const char* arow = a + m * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
+    const char* arow = a + m0 * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
     const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int chunks = (int)(ad.ne[0] / G);
-    float acc = 0.0f, ss = 0.0f;
-    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
-        V16 av[MMVW_BATCH];
+    float acc[ROWS], ss = 0.0f;
 #pragma unroll
-        for (int u = 0; u < MMVW_BATCH; ++u) {
-            const int c = c0 + u * MMVW_THREADS;
-            if (c < chunks) av[u] = ld16_cs(arow + (i64)c * 16);
-        }
+    for (int rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0f;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
+        V16 av[ROWS][MMVW_BATCH];
+#pragma unroll
+        for (int rr = 0; rr < ROWS; ++rr)
+#pragma unroll
+            for (int u = 0; u < MMVW_BATCH; ++u) {
+                const int c = c0 + u * MMVW_THREADS;
+                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * ad.nb[1] + (i64)c * 16);
+            }
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
             const int c = c0 + u * MMVW_THREADS;
             if (c < chunks) {
-                float w[G], x[G];
-                unpack16<TA>(av[u], w);
+                float x[G];
                 if (G == 8) ld8<TB>(brow + (i64)c * 8 * (i64)sizeof(TB), x);
                 else ldg<TB, 4>(brow + (i64)c * 4 * (i64)sizeof(TB), x);
                 if constexpr (NORM) {
@@ -142,23 +149,34 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
                     }
                 }
 #pragma unroll
-                for (int i = 0; i < G; ++i) acc += w[i] * x[i];
+                for (int rr = 0; rr < ROWS; ++rr) {
+                    if (rr < nrows) {
+                        float w[G];
+                        unpack16<TA>(av[rr][u], w);
+#pragma unroll
+                        for (int i = 0; i < G; ++i) acc[rr] += w[i] * x[i];
+                    }
+                }
             }
         }
     }
-    acc = warp_sum(acc);
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) acc[rr] = warp_sum(acc[rr]);
     if constexpr (NORM) ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) {
-        part[0][threadIdx.x >> 5] = acc;
-        if constexpr (NORM) part[1][threadIdx.x >> 5] = ss;
+#pragma unroll
+        for (int rr = 0; rr < ROWS; ++rr) part[rr][threadIdx.x >> 5] = acc[rr];
+        if constexpr (NORM) part[ROWS][threadIdx.x >> 5] = ss;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if ((int)threadIdx.x < nrows) {  // thread rr writes row m0 + rr
+        const int rr = threadIdx.x;
+        const i64 m = m0 + rr;
         float v = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int i = 0; i < MMVW_THREADS / 32; ++i) {
-            v += part[0][i];
-            if constexpr (NORM) sq += part[1][i];
+            v += part[rr][i];
+            if constexpr (NORM) sq += part[ROWS][i];
         }
         if constexpr (NORM) v *= 1.0f / sqrtf(sq / (float)ad.ne[0] + eps);  // as kernels/norm.cu
         if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
@@ -246,7 +264,7 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
                                  const char* r, TDesc rd) {                                               \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, TB, false>(dst, d, a, ad, b, bd, r, rd);                                            \
+        mmvw_impl<TA, TB, false, 1>(dst, d, a, ad, b, bd, r, rd);                                         \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \
@@ -256,11 +274,11 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
 
 // W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM.
 #define GG_MM_NORM(TA, SA)                                                                                \
-    extern "C" __global__ void __launch_bounds__(MMVW_THREADS, 6) /* 6 blocks per SM, as the plain one */  \
+    extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
         mul_mat_vecw_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, \
                                      const char* nw, float eps) {                                         \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);                            \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);                     \
     }
 
 #define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16) GG_MM_NORM(TA, SA)
