@@ -108,6 +108,12 @@ class Launch:
             cfg.attrs, cfg.numAttrs = [attr], 1
             self.ex_params = (cfg, self.fn, params, 0)
 
+    def set_stream(self, stream) -> None:
+        """Launch on `stream` from now on (a graph capture moves a branch to its side stream)."""
+        self.params = (*self.params[:8], stream, *self.params[9:])
+        if self.ex_params is not None:
+            self.ex_params[0].hStream = stream
+
     def __call__(self) -> None:
         if self.ex_params is not None:
             err = cu.cuLaunchKernelEx(*self.ex_params)[0]

@@ -14,6 +14,7 @@ import os
 from typing import Callable, Sequence
 
 from ...errors import BackendError
+from .branches import side_steps
 from .lower import lower
 from .runtime import check, cu
 
@@ -31,6 +32,9 @@ class Program:
         self.use_graph = (os.environ.get("GG_NO_CUDA_GRAPH", "") != "1" and len(self.records) > 1
                           and os.environ.get("GG_DEBUG_GUARDS", "") not in ("1", "true", "yes"))
         self.graph_error: str | None = None
+        # steps that run beside the others inside the captured graph (GG_NO_BRANCHES=1: none)
+        self.branches = (side_steps(self.steps, self.per_step)
+                         if self.use_graph and os.environ.get("GG_NO_BRANCHES", "") != "1" else [])
 
     def _launch_all(self) -> None:
         for r in self.records:
@@ -68,16 +72,62 @@ class Program:
             if gc_was_on:
                 gc.enable()
 
-    def _capture_launches(self, stream) -> None:
-        try:
+    def _launch_branched(self, stream) -> None:
+        """The launches for a capture: a branch step goes to the side stream after the event of
+        the step it depends on, and the main stream waits for it before its join step (events
+        inside a capture only become edges of the graph)."""
+        if not self.branches:
             self._launch_all()
+            return
+        side, flags = self.rt.side_stream(), cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        by_step = {b.step: b for b in self.branches}
+        forks = {b.after for b in self.branches}
+        done, joins = {}, {}
+
+        def record(on) -> object:
+            (e,) = check(cu.cuEventCreate(flags), "cuEventCreate")
+            self._capture_events.append(e)  # destroyed once the capture has ended
+            check(cu.cuEventRecord(e, on), "cuEventRecord")
+            return e
+        if -1 in forks:
+            done[-1] = record(stream)
+        for i, recs in enumerate(self.per_step):
+            for e in joins.pop(i, []):
+                check(cu.cuStreamWaitEvent(stream, e, 0), "cuStreamWaitEvent")
+            b = by_step.get(i)
+            if b is None:
+                for r in recs:
+                    r()
+                if i in forks:
+                    done[i] = record(stream)
+                continue
+            check(cu.cuStreamWaitEvent(side, done[b.after], 0), "cuStreamWaitEvent")
+            for r in recs:
+                r.set_stream(side)
+                try:
+                    r()
+                finally:
+                    r.set_stream(stream)
+            e = record(side)
+            joins.setdefault(b.join, []).append(e)
+            if i in forks:
+                done[i] = e
+        for e in joins.pop(len(self.per_step), []):
+            check(cu.cuStreamWaitEvent(stream, e, 0), "cuStreamWaitEvent")
+
+    def _capture_launches(self, stream) -> None:
+        self._capture_events: list = []
+        try:
+            self._launch_branched(stream)
         except BackendError as e:
             err, graph = cu.cuStreamEndCapture(stream)
+            self._destroy_capture_events()
             if int(err) == 0 and graph is not None:
                 cu.cuGraphDestroy(graph)
             self.use_graph, self.graph_error = False, str(e)
             return  # run() falls back to plain launches, which report a real error if there is one
         err, graph = cu.cuStreamEndCapture(stream)
+        self._destroy_capture_events()
         if int(err) != 0:
             self.use_graph, self.graph_error = False, f"cuStreamEndCapture: {err}"
             return
@@ -87,6 +137,11 @@ class Program:
             self.use_graph, self.graph_error = False, f"cuGraphInstantiate: {err}"
             return
         self.graph_exec = exe
+
+    def _destroy_capture_events(self) -> None:
+        for e in self._capture_events:
+            cu.cuEventDestroy(e)
+        self._capture_events = []
 
     def timed_run(self) -> list[float]:
         """Each step's device time in seconds, measured with events around its launches."""

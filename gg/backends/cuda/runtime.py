@@ -120,6 +120,13 @@ class Runtime:
             self._staging = Staging(self)
         return self._staging
 
+    def side_stream(self) -> Any:
+        """A second stream, used only while capturing a CUDA graph (branches.py): its work joins
+        the backend stream inside the graph, so nothing is ever left running on it."""
+        if getattr(self, "_side", None) is None:
+            (self._side,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        return self._side
+
     def alloc(self, nbytes: int) -> "DeviceBuffer":
         return DeviceBuffer(self, nbytes)
 

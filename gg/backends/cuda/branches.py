@@ -1,0 +1,61 @@
+"""Independent steps of a captured CUDA graph: which steps may run on a second stream.
+
+Steps are launched in plan order on one stream. Inside a captured graph, a step that neither
+reads nor writes the bytes of the steps between its last dependency and the next step that needs
+it can run beside them instead: in a decode step the V cache write depends only on the QKV
+product, not on rope or the K write that come before it in the plan; in a prefill, the V write
+also overlaps the K·q product and the softmax. Dependencies are found from device byte ranges
+after memory is bound, so they also cover reuse of arena memory (a buffer freed by the serial
+order and handed to a later step is a write-after-read conflict like any other).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ...tensor import Tensor
+from .launch import Launch, addr
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    lo, hi = t.extent()
+    start = addr(t)
+    return start, start + (hi - lo)
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    return any(lo < h and l < hi for lo, hi in a for l, h in b)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Step `step` runs on the side stream once step `after` is done (-1: at the start) and the
+    main stream waits for it before step `join` (len(steps): at the end)."""
+
+    step: int
+    after: int
+    join: int
+
+
+def side_steps(steps: Sequence, per_step: Sequence[Sequence]) -> list[Branch]:
+    """Steps that can leave the main stream: only gg's own kernels (cuBLAS calls share a
+    workspace and a stream-bound handle), never the first step, and only where the step does not
+    depend on the one right before it (otherwise nothing would overlap)."""
+    reads = [[_span(t) for t in s.inputs] for s in steps]
+    writes = [[_span(s.out)] for s in steps]
+
+    def conflict(i: int, j: int) -> bool:
+        return (_overlap(writes[i], reads[j]) or _overlap(writes[i], writes[j])
+                or _overlap(reads[i], writes[j]))
+
+    out: list[Branch] = []
+    n = len(steps)
+    for j in range(1, n):
+        if not per_step[j] or not all(isinstance(r, Launch) for r in per_step[j]):
+            continue
+        after = max((i for i in range(j) if conflict(i, j)), default=-1)
+        if after >= j - 1:
+            continue
+        join = next((m for m in range(j + 1, n) if conflict(j, m)), n)
+        out.append(Branch(j, after, join))
+    return out
