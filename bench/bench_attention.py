@@ -98,6 +98,23 @@ def build_gg(cfg, weights, cache, n_tokens, n_past, backends, indexed):
     return gf, x, out, batch
 
 
+def llama7b_block(n_head_kv: int = 32, T: int = 1, seed: int = 0):
+    """The llama-7B attention block on CUDA as the profiling scripts use it: T == 1 is a decode
+    step at n_past = n_ctx - 1 over a random cache (indexed graph), T > 1 a prefill at n_past 0.
+    Returns (graph, x) with x set."""
+    cfg = L.Config(n_embd=4096, n_head=32, n_head_kv=n_head_kv, n_ff=64, n_ctx=4096, wtype=gg.F16, kv_type=gg.F16)
+    rng = np.random.default_rng(seed)
+    weights = make_weights(cfg)
+    cache = L.KVCache(cfg, weights.ctx)
+    if T == 1:
+        fill_cache(cache, *random_cache_rows(cfg, rng), cfg.n_ctx - 1)
+        g, x, _, _ = build_gg(cfg, weights, cache, 1, cfg.n_ctx - 1, ("cuda",), indexed=True)
+    else:
+        g, x, _, _ = build_gg(cfg, weights, cache, T, 0, ("cuda",), indexed=False)
+    x.set(rng.standard_normal((T, cfg.n_embd), dtype=np.float32))
+    return g, x
+
+
 # ---- the same block in PyTorch ------------------------------------------------------------------
 class TorchBlock:
     """The attention block in PyTorch on `device`, weights copied from gg (F16, PyTorch layout),

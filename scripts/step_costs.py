@@ -9,16 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 
-import gg  # noqa: E402
-from gg import llama as L  # noqa: E402
 from gg.backends.cuda import runtime  # noqa: E402
 from gg.backends.cuda.program import Program  # noqa: E402
 from gg.backends.cuda.runtime import check, cu  # noqa: E402
-from bench_attention import build_gg, fill_cache, make_weights, random_cache_rows  # noqa: E402
+from bench_attention import llama7b_block  # noqa: E402
 
 
 def replay_us(rt, steps, iters: int = 300) -> float:
@@ -43,16 +39,7 @@ def replay_us(rt, steps, iters: int = 300) -> float:
 def main() -> None:
     n_head_kv = int(sys.argv[1]) if len(sys.argv) > 1 else 32
     T = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    cfg = L.Config(n_embd=4096, n_head=32, n_head_kv=n_head_kv, n_ff=64, n_ctx=4096, wtype=gg.F16, kv_type=gg.F16)
-    rng = np.random.default_rng(0)
-    weights = make_weights(cfg)
-    cache = L.KVCache(cfg, weights.ctx)
-    if T == 1:
-        fill_cache(cache, *random_cache_rows(cfg, rng), cfg.n_ctx - 1)
-        g, x, out, batch = build_gg(cfg, weights, cache, 1, cfg.n_ctx - 1, ("cuda",), indexed=True)
-    else:
-        g, x, out, batch = build_gg(cfg, weights, cache, T, 0, ("cuda",), indexed=False)
-    x.set(rng.standard_normal((T, cfg.n_embd), dtype=np.float32))
+    g, _ = llama7b_block(n_head_kv, T)
     g.compute()
     rt = runtime.get()
     steps = list(g.plan.steps)
