@@ -355,7 +355,7 @@ def _mul_mat(rt, step, what: str):
         else:
             args.none()
         one = out.ne[1] == 1
-        if one and vec and a.ne[0] // (16 // a.dtype.size) >= MMVW_THREADS:
+        if vec and support.wide_matvec(a, b):  # the same test the plan made for a folded norm
             # long rows (weights): a block per row, every thread's loads in flight at once
             return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_{a.dtype.name}_{b.dtype.name}", (out.ne[0], batches, 1),
                           (MMVW_THREADS, 1, 1), args, what=what)
