@@ -1,6 +1,6 @@
 """The CUDA lowering's fast paths, each checked to be the one that ran (the launches are recorded)
 and compared with float64 numpy: the wide mat-vec (a block per weight row), the register builds
-of rms_norm/norm, the heads-fastest softmax order for a mask shared by all heads, and the casts of
+of rms_norm/norm, the softmax row orders for a mask shared by all heads, and the casts of
 cuBLAS operands folded into rms_norm and into a cont. Plus the invariant the overlapped (PDL)
 launches rely on: every kernel first waits for the one before it."""
 from __future__ import annotations
@@ -105,20 +105,49 @@ def test_norm_register_builds(rng, launches, ne0, threads, dtype):
 @cuda
 @pytest.mark.parametrize("ne0", [5, 64, 1030, 2048])
 @pytest.mark.parametrize("mask_dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("heads_fastest", [False, True])
-def test_soft_max_shared_mask_both_orders(rng, monkeypatch, ne0, mask_dtype, heads_fastest):
-    # The order is picked from the L2 size; the test picks it by shrinking or growing that size.
+@pytest.mark.parametrize("order", ["rows", "heads", "tiles"])
+@pytest.mark.parametrize("ne3", [1, 2])
+def test_soft_max_shared_mask_every_order(rng, monkeypatch, ne0, mask_dtype, order, ne3):
+    # The order is picked from the L2 size; the test picks it by setting that size: row order
+    # (huge L2), heads fastest (no L2; also what ne3 > 1 gets instead of tiles), or tiles of 2
+    # rows (a tile's x, y and mask rows just within a quarter of L2).
     from gg.backends.cuda import runtime
-    monkeypatch.setattr(runtime.get(), "l2_bytes", 0 if heads_fastest else 1 << 40)
-    x = rand(rng, 2, 5, 3, ne0) * 3                      # ne (ne0, 3, 5, 2)
-    m = rand(rng, 1, 1, 4, ne0).astype(mask_dtype)       # ne (ne0, 4, 1, 1): shared by heads, ne1 >= 3
+    row = ne0 * 8 + ne0 * np.dtype(mask_dtype).itemsize
+    l2 = {"rows": 1 << 40, "heads": 0, "tiles": 4 * 2 * row}[order]
+    monkeypatch.setattr(runtime.get(), "l2_bytes", l2)
+    x = rand(rng, ne3, 5, 6, ne0) * 3                    # ne (ne0, 6, 5, ne3)
+    m = rand(rng, 1, 1, 7, ne0).astype(mask_dtype)       # ne (ne0, 7, 1, 1): shared by heads, ne1 >= 6
     m[0, 0, 1, : ne0 // 2] = -np.inf
     ctx = gg.Context()
     y = gg.soft_max_ext(ctx.tensor(x), ctx.tensor(m), scale=0.7)
     gg.build_forward(y, backends=("cuda",)).compute()
-    s = x.astype(np.float64) * 0.7 + m[:, :, :3].astype(np.float64)
+    s = x.astype(np.float64) * 0.7 + m[:, :, :6].astype(np.float64)
     e = np.exp(s - s.max(-1, keepdims=True))
     assert nmse(y.numpy(), e / e.sum(-1, keepdims=True)) <= 1e-6
+
+
+@pytest.mark.parametrize("n, heads, ne3, order", [
+    (2048, 32, 1, ("tiles", 512)), (4096, 16, 1, ("tiles", 256)), (1024, 64, 1, "rows"),
+    (2048, 16, 2, "heads"), (2046, 32, 1, ("tiles", 2))])
+def test_soft_max_row_order_choice(n, heads, ne3, order):
+    # No device needed: the choice reads shapes and the L2 size (the H100's 50 MiB here).
+    from types import SimpleNamespace
+    from gg.backends.cuda.lower import _softmax_row_order
+    x = gg.Context().new_tensor(gg.F32, (n, n, heads, ne3))
+    m = gg.Context().new_tensor(gg.F32, (n, n))
+    y = gg.soft_max_ext(x, m, scale=0.125)
+    descs = _softmax_row_order(SimpleNamespace(l2_bytes=50 << 20), y, x, m, -1, 0.0)
+    ne, nb = descs(x)
+    if order == "rows":
+        assert (ne, nb) == (list(x.ne), list(x.nb))
+    elif order == "heads":
+        assert ne == [n, heads, n, ne3] and nb == [x.nb[0], x.nb[2], x.nb[1], x.nb[3]]
+    else:
+        g = order[1]
+        assert ne == [n, g, heads, n // g] and nb == [4, x.nb[1], x.nb[2], g * x.nb[1]]
+        assert descs(m) == ([n, g, 1, n // g], [4, m.nb[1], m.nb[2], g * m.nb[1]])
+    # the causal and ALiBi forms read the row index: always row order
+    assert descs is not None and _softmax_row_order(SimpleNamespace(l2_bytes=0), y, x, m, 5, 0.0)(x)[0] == list(x.ne)
 
 
 @cuda
