@@ -106,7 +106,7 @@ def matvec(roof: float) -> None:
         f = fn("mul_mat_vec1_f16_f32", "mul_mat.cu")
         t = timeit(lambda: launch(f, (M // 4, 1), (32, 4), args))
         rows.append(("gg mul_mat_vec1 (32x4)", t, nbytes, err()))
-        args = Args().ptr(db.ptr).desc(*dd).ptr(ab.ptr).desc(*ad).ptr(xb.ptr).desc(*bd).none()
+        args = Args().ptr(db.ptr).desc(*dd).ptr(ab.ptr).desc(*ad).ptr(xb.ptr).desc(*bd).none().i32(0)
         f = fn("mul_mat_vecw_f16_f32", "mul_mat.cu")
         t = timeit(lambda: launch(f, (M, 1), (256,), args))
         rows.append(("gg mul_mat_vecw (256 per row)", t, nbytes, err()))

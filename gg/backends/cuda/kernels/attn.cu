@@ -64,6 +64,7 @@ struct FaArgs {
     int n_past;       // >= 0: diag_mask_inf(n_past) instead of a mask tensor
     int chunk;        // positions per block (the generic path; the fast path uses FA_CHUNK)
     int r2, r3;       // query heads (dim-3 batches) per K/V head: n_head / n_kv_head (host-divided)
+    int pre;          // fast path: prefetch the block's K and V tiles into L2 before the wait
 };
 
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
@@ -336,10 +337,30 @@ extern "C" __global__ void __launch_bounds__(FC_THREADS)
     }
 }
 
+// Before the wait for the predecessor (the cache write: a latency-bound step, the DRAM idle):
+// the block's K and V tiles into L2, a line per thread, so the first wave's tiles are on their
+// way when the wait ends (decode, H100: 85.1 -> 84.1 us). Fast builds only (HD 64 or 128).
+template <class TK, int NH, int HD>
+__device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k, const TDesc& kd, const char* v,
+                                                  const TDesc& vd, const FaArgs& p) {
+    if constexpr (HD > 0) {
+        if (!p.pre) return;
+        constexpr int LINES = HD * (int)sizeof(TK) / 128;  // 128-byte lines per K row
+        const int kh = (int)blockIdx.y * NH / p.r2, i3 = (int)blockIdx.z / (int)d.ne[1] / p.r3;
+        const char* kb = k + kh * kd.nb[2] + i3 * kd.nb[3];
+        const char* vb = v + kh * vd.nb[2] + i3 * vd.nb[3];
+        const int t = (int)threadIdx.x;
+        const i64 j0 = (i64)blockIdx.x * FA_CHUNK, r = j0 + t / LINES;
+        if (t < FA_CHUNK * LINES && r < kd.ne[1]) l2_prefetch_line(kb + r * kd.nb[1] + (t % LINES) * 128);
+        if (t < HD) l2_prefetch_line(vb + t * vd.nb[1] + j0 * (i64)sizeof(TK));
+    }
+}
+
 #define GG_FA(T, S, NH, HD, NAME)                                                                          \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws) {                                   \
+        flash_l2_prefetch<T, NH, HD>(d, k, kd, v, vd, p);                                                  \
         gg_grid_sync();                                                                                    \
         flash_impl<T, NH, HD>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws);                          \
     }

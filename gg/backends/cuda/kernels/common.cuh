@@ -314,6 +314,16 @@ __device__ __forceinline__ void gg_grid_sync() {
 #endif
 }
 
+// The only thing a kernel may do before gg_grid_sync(): ask L2 for `bytes` at p (null: nothing)
+// that it will read once the wait is over. A prefetch moves no data into the kernel, and L2 is
+// where every write lands, so a line the predecessor is still writing is never read stale; it
+// puts the DRAM to work while a latency-bound predecessor runs (PDL: the blocks are resident).
+__device__ __forceinline__ void l2_prefetch_line(const char* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+__device__ __forceinline__ void gg_l2_prefetch(const char* p, i64 bytes) {
+    if (!p) return;
+    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)blockDim.x * 128) l2_prefetch_line(p + o);
+}
+
 // Report a bad input (e.g. a row index out of range) to the host: the backend reads this word
 // on synchronize() and raises a BackendError naming the step that set it.
 __device__ __forceinline__ void report_error(int* err, int code) {

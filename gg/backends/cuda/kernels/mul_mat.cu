@@ -87,7 +87,9 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // partial sums meet in shared memory. Against mmv_impl's warp per row (scripts/kexp.py, H100):
 // [14336 x 4096] F16 44.0 -> 40.6 us; the decode step's wo (4096 x 4096, + residual) 19.8 ->
 // 16.9 us in ncu: short rows of work per thread and a whole row's loads at once fill the
-// machine even on a short wave of rows.
+// machine even on a short wave of rows. `pre` (no batches): the block's weight row is requested
+// into L2 before the wait for the predecessor (decode wo, behind the latency-bound flash_combine:
+// 85.1 -> 84.7 us on the H100).
 #define MMVW_THREADS 256  // lower.py MMVW_THREADS
 #define MMVW_BATCH 2
 #define MMVW_NORM_ROWS 2  // lower.py MMVW_NORM_ROWS
@@ -262,7 +264,8 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
-                                 const char* r, TDesc rd) {                                               \
+                                 const char* r, TDesc rd, int pre) {                                      \
+        gg_l2_prefetch(pre ? a + blockIdx.x * ad.nb[1] : nullptr, ad.ne[0] * (i64)sizeof(TA));          \
         gg_grid_sync();                                                                                   \
         mmvw_impl<TA, TB, false, 1>(dst, d, a, ad, b, bd, r, rd);                                         \
     }                                                                                                     \
