@@ -147,7 +147,9 @@ def test_soft_max_row_order_choice(n, heads, ne3, order):
         assert ne == [n, g, heads, n // g] and nb == [4, x.nb[1], x.nb[2], g * x.nb[1]]
         assert descs(m) == ([n, g, 1, n // g], [4, m.nb[1], m.nb[2], g * m.nb[1]])
     # the causal and ALiBi forms read the row index: always row order
-    assert descs is not None and _softmax_row_order(SimpleNamespace(l2_bytes=0), y, x, m, 5, 0.0)(x)[0] == list(x.ne)
+    tiny_l2 = SimpleNamespace(l2_bytes=0)
+    assert _softmax_row_order(tiny_l2, y, x, m, 5, 0.0)(x) == (list(x.ne), list(x.nb))
+    assert _softmax_row_order(tiny_l2, y, x, m, -1, 8.0)(x) == (list(x.ne), list(x.nb))
 
 
 @cuda
