@@ -28,7 +28,7 @@ def fn(name: str, file: str | None = None):
 
 
 def launch(f, grid, block, args: Args, smem: int = 0) -> None:
-    if smem > 40 * 1024:  # the default limit is 48 KiB less the static shared memory
+    if smem:
         rt.set_max_dynamic_smem(f, smem, "kexp")
     g = tuple(grid) + (1,) * (3 - len(grid))
     b = tuple(block) + (1,) * (3 - len(block))

@@ -129,8 +129,11 @@ def test_norm(rng, op, ne0, dtype):
 
 
 @cuda
-def test_norm_strided_input(rng):
-    x = rand(rng, 130, 9)
+# 12288: the general kernel's 48 KiB row cache beside its static shared memory (over the default
+# allowance: the launch must raise it)
+@pytest.mark.parametrize("ne0, rows", [(130, 9), (12288, 3)])
+def test_norm_strided_input(rng, ne0, rows):
+    x = rand(rng, ne0, rows)
     cu, cpu, _ = run_both(lambda ctx: gg.rms_norm(gg.transpose(ctx.tensor(x)), 1e-6))
     check(cu, cpu, ELEM)
 
@@ -167,8 +170,9 @@ def test_fused_rms_norm_row_invariant_weight_and_bias(rng, rows):
 
 # ---- softmax ----------------------------------------------------------------------------------
 @cuda
-# 4096 / 8192: register rows with 16-byte accesses; 8195: registers, scalar; 20000: shared memory
-@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096, 8192, 8195, 20000])
+# 4096 / 8192: register rows with 16-byte accesses; 8195: registers, scalar; 12288: a 48 KiB row
+# cache in shared memory beside the static reduction buffer; 20000: rows not cached
+@pytest.mark.parametrize("ne0", [1, 5, 511, 1025, 4096, 8192, 8195, 12288, 20000])
 @pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
 def test_soft_max(rng, ne0, mask_dtype):
     x = rand(rng, 2, 4, 3, ne0) * 3

@@ -91,7 +91,7 @@ class Launch:
         self.name = name
         self.what = what or name
         self.fn: Any = rt.function(file, name)
-        if smem > 48 * 1024:
+        if smem:
             rt.set_max_dynamic_smem(self.fn, smem, name)
         self.args = args  # keeps the argument storage alive
         params = args.address()

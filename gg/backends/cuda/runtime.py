@@ -173,8 +173,15 @@ class Runtime:
         return int(n)
 
     def set_max_dynamic_smem(self, fn: Any, nbytes: int, name: str) -> None:
-        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    int(nbytes)), f"allowing {nbytes} B of shared memory for {name}")
+        """Let fn launch with nbytes of dynamic shared memory. The default allowance is 48 KiB less
+        the kernel's static shared memory (a 48 KiB row cache beside 128 static bytes needs
+        raising too); the allowance only grows, so launches of one kernel with different sizes all
+        keep working."""
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        with self.enter():
+            (have,) = check(cu.cuFuncGetAttribute(attr, fn), f"reading the shared memory allowance of {name}")
+            if nbytes > have:
+                check(cu.cuFuncSetAttribute(fn, attr, int(nbytes)), f"allowing {nbytes} B of shared memory for {name}")
 
 
 class DeviceBuffer:
