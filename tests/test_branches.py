@@ -22,7 +22,7 @@ def _plan(monkeypatch, base: dict[str, int], flow: list[tuple[tuple[str, ...], s
     names = sorted({n for ins, out in flow for n in ins + (out,)})
     ts = dict(zip(names, _tensors(names)))
     monkeypatch.setattr(branches, "addr", lambda t: base[t.root.name] + t.view_offs)
-    steps = [SimpleNamespace(inputs=tuple(ts[n] for n in ins), out=ts[out]) for ins, out in flow]
+    steps = [SimpleNamespace(inputs=tuple(ts[n] for n in ins), out=ts[out], outs=(ts[out],)) for ins, out in flow]
     launch = Launch.__new__(Launch)
     per_step = [[kinds[i] if kinds else launch] for i in range(len(flow))]
     return steps, per_step

@@ -133,9 +133,10 @@ def _check_plan(plan, cache, cfg, write_kernel, softmax_ops):
     caches = [c for pair in zip(cache.k, cache.v) for c in pair]
     writes = {}
     for i, s in enumerate(plan.steps):
-        if s.out.root in caches and s.out.op in ("cpy", "set_rows"):
-            assert s.kernel == write_kernel, s
-            writes[s.out.root] = i
+        for t in s.outs:
+            if t.root in caches and t.op in ("cpy", "set_rows"):
+                assert s.kernel == write_kernel, s
+                writes[t.root] = i
     assert set(writes) == set(caches)
     for i, s in enumerate(plan.steps):  # every read of a cache comes after its write (DESIGN §1)
         for t in s.inputs:

@@ -94,8 +94,8 @@ def _size(t: Tensor) -> int:
 
 def allocate(steps: Sequence[Step], outputs: Sequence[Tensor], guard: int = 0) -> Allocation:
     keep = {o.root for o in outputs}
-    keep |= {s.out for s in steps if Flag.OUTPUT in s.out.flags and s.out.view_src is None}
-    owned = [s.out for s in steps if s.out.view_src is None]  # tensors that need arena memory
+    keep |= {t for s in steps for t in s.outs if Flag.OUTPUT in t.flags and t.view_src is None}
+    owned = [t for s in steps for t in s.outs if t.view_src is None]  # tensors that need arena memory
     mine = set(owned)
     last_use: dict[Tensor, int] = {}
     for i, s in enumerate(steps):
@@ -109,12 +109,12 @@ def allocate(steps: Sequence[Step], outputs: Sequence[Tensor], guard: int = 0) -
     guard = _align(guard) if guard > 0 else 0
     blocks: dict[Tensor, Block] = {}  # tensor -> the block holding it
     for i, s in enumerate(steps):
-        out = s.out
-        if out in mine:
+        made = [t for t in s.outs if t in mine]
+        for out in made:
             arena = arenas.setdefault(s.backend, Arena(s.backend))
             naive[s.backend] = naive.get(s.backend, 0) + _align(_size(out) + 2 * guard)
             src0 = s.srcs(out)[0] if out.src else None
-            if (len(s.ops) == 1 and info(s.ops[0]).inplace and src0 is not None and src0.view_src is None
+            if (len(s.ops) == 1 and out is s.out and info(s.ops[0]).inplace and src0 is not None and src0.view_src is None
                     and src0 in offsets and src0 not in keep and last_use.get(src0) == i
                     and offsets[src0][0] == s.backend and src0.dtype is out.dtype and src0.nb == out.nb
                     and src0 not in inplace.values() and s.inputs.count(src0) == 1
@@ -130,7 +130,7 @@ def allocate(steps: Sequence[Step], outputs: Sequence[Tensor], guard: int = 0) -
                 blocks[out] = Block(s.backend, off, _size(out), i, len(steps) - 1, [(i, out)])
             if out not in last_use and out not in keep:
                 last_use[out] = i  # never read: free right away
-        for t in {t.root for t in s.inputs} | ({out} if out in mine else set()):
+        for t in {t.root for t in s.inputs} | set(made):
             if t in mine and t not in keep and last_use.get(t) == i:
                 be, off = offsets[t]
                 arenas[be].give(off - guard, _size(t) + 2 * guard)

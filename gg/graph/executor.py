@@ -81,7 +81,7 @@ class Executor:
                 raise BackendError(f"compute: the plan runs steps on {name!r} but that backend is not "
                                    f"available on this machine (plan it with backends=('cpu',) instead)")
         for step in self.plan.steps:  # leaves move to their home once, and stay there
-            for t in step.inputs + (step.out,):
+            for t in step.inputs + step.outs:
                 self._migrate(t.root)
                 if t.root.op is None and t.root.ctx is not None:
                     self.contexts.add(t.root.ctx)

@@ -3,7 +3,10 @@
 A chain n0 -> n1 -> ... fuses when every intermediate is src[0] of the next node (src[1], the
 activations, when the next node is a mul_mat: attention's ·V), has exactly one
 consumer in the graph, is not a graph output, is not viewed by anything, all nodes run on the same
-backend that supports the group, and no write into persistent memory happens between them."""
+backend that supports the group, and no write into persistent memory happens between them.
+
+Then epilogues (`fuse_epilogues`): a product may also take over the steps right after it that only
+transform its rows (a decode step's rope of q and k, its KV-cache writes)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -83,3 +86,66 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
         elif step.out is merged.out:
             out.append(merged)
     return out
+
+
+EPILOGUE_OPS = ("rope", "set_rows")  # one-node steps a product's epilogue may take over
+
+
+def _data(node: Tensor) -> Tensor:
+    """The operand an epilogue op transforms: rope's x, set_rows' rows."""
+    return node.src[1] if node.op == "set_rows" else node.src[0]
+
+
+def _read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tensor]]) -> bool:
+    """Some node outside `inside` reads t, directly or through views of it."""
+    for r in readers.get(t, []):
+        if r in inside:
+            continue
+        if not info(r.op).metadata_only or _read_outside(r, inside, readers):
+            return True
+    return False
+
+
+def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
+    """A step ending in mul_mat also does the one-node steps right after it that read only its
+    rows, or the rows of such a step, through views (a rope of q and k, set_rows of k and v into a
+    KV cache), when its backend can do them in the product's epilogue (asked with the whole group).
+    Unlike a chain's, these values may have readers after the step: every node read later (or an
+    output, or a write into a persistent tensor) is one of the step's `exports` and keeps its
+    memory. Only steps that directly follow are taken, so no order changes."""
+    readers: dict[Tensor, list[Tensor]] = {}
+    for n in nodes:
+        for src in set(n.src):
+            readers.setdefault(src, []).append(n)
+    outs = set(outputs)
+    result: list[Step] = []
+    i = 0
+    while i < len(steps):
+        group = [steps[i]]
+        if steps[i].ops[-1] == "mul_mat" and not steps[i].inserted:
+            be = base.get(steps[i].backend)
+            made = {steps[i].out}
+            for nxt in steps[i + 1:]:
+                node = nxt.out
+                if len(nxt.ops) != 1 or nxt.ops[0] not in EPILOGUE_OPS or nxt.backend != steps[i].backend:
+                    break
+                data = _data(node)
+                if data.root not in made or any(s.root in made for s in node.src if s is not data):
+                    break
+                if not be.supports(tuple(op for g in group for op in g.ops) + nxt.ops,
+                                   tuple(n for g in group for n in g.nodes) + (node,)):
+                    break
+                group.append(nxt)
+                made.add(node)
+        if len(group) == 1:
+            result.append(steps[i])
+            i += 1
+            continue
+        group_nodes = tuple(n for g in group for n in g.nodes)
+        inside = set(group_nodes)
+        exports = tuple(n for n in group_nodes[:-1] if n in outs or info(n.op).writes_view
+                        or _read_outside(n, inside, readers))
+        result.append(Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend,
+                           exports=exports))
+        i += len(group)
+    return result

@@ -51,11 +51,10 @@ def insert(steps: list[Step]) -> list[Step]:
                     step.subst[src] = read
         step.kernel = be.kernel_name(step.ops, step.nodes)
         out.append(step)
-        written = step.out.root if info(step.ops[-1]).writes_view else None
-        if written is not None:  # copies taken before this write are stale from here on
-            for cache in (transferred, cast_cache):
-                for k in [k for k in cache if k[0].root is written]:
-                    del cache[k]
+        written = {t.root for t in step.outs if info(t.op).writes_view}
+        for cache in (transferred, cast_cache):  # copies taken before a write are stale from here on
+            for k in [k for k in cache if k[0].root in written]:
+                del cache[k]
     return out
 
 
@@ -71,7 +70,7 @@ def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
         for t in s.inputs:
             readers[t.root] = readers.get(t.root, 0) + 1
     keep = {o.root for o in outputs}
-    producer = {s.out: s for s in steps}
+    producer = {s.out: s for s in steps if not s.exports}  # a cast joins only a one-output step
     folded: dict[Step, Step] = {}
     for c in steps:
         if c.ops != ("cast",):

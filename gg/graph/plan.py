@@ -49,20 +49,23 @@ class Plan:
                 + (f"; {self.alloc.guard}-byte guards (GG_DEBUG_GUARDS)" if self.alloc.guard else ""))
 
     def __str__(self) -> str:
-        rows = [("#", "ops", "backend", "kernel", "out", "bytes", "mem")]
-        for i, s in enumerate(self.steps):
-            out = s.out
-            ne = "x".join(str(n) for n in out.ne[:out.n_dims])
-            if out.view_src is not None:
-                mem = f"-> {out.view_src.label()}"
-            elif out in self.alloc.offsets:
-                be, off = self.alloc.offsets[out]
-                mem = f"{be}+{off}" + (" (in-place)" if out in self.alloc.inplace else "")
+        def where(t: Tensor) -> tuple[str, str, str]:  # out, bytes, mem columns of a written tensor
+            ne = "x".join(str(n) for n in t.ne[:t.n_dims])
+            if t.view_src is not None:
+                mem = f"-> {t.view_src.label()}"
+            elif t in self.alloc.offsets:
+                be, off = self.alloc.offsets[t]
+                mem = f"{be}+{off}" + (" (in-place)" if t in self.alloc.inplace else "")
             else:
                 mem = ""
+            return f"{t.dtype.name}[{ne}]", str(t.nelements * t.dtype.size), mem
+
+        rows = [("#", "ops", "backend", "kernel", "out", "bytes", "mem")]
+        for i, s in enumerate(self.steps):
             ops = "+".join(s.ops) + (" *" if s.inserted else "")
-            rows.append((str(i), ops, s.backend, s.kernel, f"{out.dtype.name}[{ne}]",
-                         str(out.nelements * out.dtype.size), mem))
+            rows.append((str(i), ops, s.backend, s.kernel, *where(s.out)))
+            for t in s.exports:  # the other values an epilogue fusion writes
+                rows.append(("", f"  and {t.op}", "", "", *where(t)))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -71,7 +74,7 @@ class Plan:
 
     def to_dot(self) -> str:
         """Graphviz DOT: one box per step (fused steps list their ops), inserted steps dashed."""
-        producer = {s.out: i for i, s in enumerate(self.steps)}
+        producer = {t: i for i, s in enumerate(self.steps) for t in s.outs}
         lines = ["digraph plan {", "  rankdir=TB; node [shape=box, fontname=monospace];"]
         for i, s in enumerate(self.steps):
             style = ", style=dashed" if s.inserted else (", style=bold" if len(s.ops) > 1 else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..backends import base
 from .allocate import allocate
 from .assign import assign
-from .fuse import fuse
+from .fuse import fuse, fuse_epilogues
 from .guards import guard_bytes
 from .insert import fold_casts, insert
 from .plan import Plan
@@ -17,7 +17,7 @@ def make_plan(graph) -> Plan:
         base.get(name)  # unknown names fail here, with the list of known ones
     steps = assign(graph.nodes, graph.leafs, priority)
     if graph.fuse:
-        steps = fuse(steps, graph.nodes, graph.outputs)
+        steps = fuse_epilogues(fuse(steps, graph.nodes, graph.outputs), graph.nodes, graph.outputs)
     steps = insert(steps)
     if graph.fuse:
         steps = fold_casts(steps, graph.outputs)

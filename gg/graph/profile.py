@@ -3,13 +3,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..tensor import Tensor
 from .plan import Plan
 from .step import Step
 
 
+def _written(t: Tensor) -> int:
+    """Bytes a node writes: a set_rows only its rows, not the whole destination."""
+    return (t.src[1].nelements if t.op == "set_rows" else t.nelements) * t.dtype.size
+
+
 def step_bytes(step: Step) -> int:
-    """Fewest bytes the step must move: each input read once, the output written once."""
-    return sum(t.nelements * t.dtype.size for t in step.inputs) + step.out.nelements * step.out.dtype.size
+    """Fewest bytes the step must move: each input read once, each output written once."""
+    return sum(t.nelements * t.dtype.size for t in step.inputs) + sum(_written(t) for t in step.outs)
 
 
 def step_flops(step: Step) -> int:

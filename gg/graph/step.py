@@ -9,8 +9,10 @@ from ..tensor import Tensor
 @dataclass(eq=False)
 class Step:
     """`ops` are the op names computed, in order; `nodes` the graph nodes (the last is `out`).
-    `subst` maps a source tensor to the tensor the step actually reads instead (an inserted
-    transfer or cast). `inserted` marks steps the planner added."""
+    `exports` are the other nodes whose values leave the step (read by later steps, or written
+    into a persistent tensor): an epilogue fusion's product, rope and cache writes. `subst` maps
+    a source tensor to the tensor the step actually reads instead (an inserted transfer or
+    cast). `inserted` marks steps the planner added."""
 
     ops: tuple[str, ...]
     nodes: tuple[Tensor, ...]
@@ -18,10 +20,16 @@ class Step:
     kernel: str = ""
     inserted: bool = False
     subst: dict[Tensor, Tensor] = field(default_factory=dict)
+    exports: tuple[Tensor, ...] = ()
 
     @property
     def out(self) -> Tensor:
         return self.nodes[-1]
+
+    @property
+    def outs(self) -> tuple[Tensor, ...]:
+        """Every node the step writes where others can see it: `exports`, then `out`."""
+        return self.exports + (self.out,)
 
     def srcs(self, node: Tensor) -> tuple[Tensor, ...]:
         """node.src with planner substitutions applied (what the kernel must read)."""

@@ -42,7 +42,7 @@ def side_steps(steps: Sequence, per_step: Sequence[Sequence]) -> list[Branch]:
     workspace and a stream-bound handle), never the first step, and only where the step does not
     depend on the one right before it (otherwise nothing would overlap)."""
     reads = [[_span(t) for t in s.inputs] for s in steps]
-    writes = [[_span(s.out)] for s in steps]
+    writes = [[_span(t) for t in s.outs] for s in steps]
 
     def conflict(i: int, j: int) -> bool:
         return (_overlap(writes[i], reads[j]) or _overlap(writes[i], writes[j])

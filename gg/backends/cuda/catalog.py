@@ -54,6 +54,7 @@ def variants() -> list[Variant]:
         v.append(Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}"))
     for a in FLOAT_NAMES:  # rms_norm -> mul -> mul_mat of one token (support.NORM_MATVEC)
         v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_{a}_f32"))
+        v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_epi_{a}_f32"))  # + rope, set_rows (fuse_epilogues)
     v.append(Variant("attn.cu", "flash_combine"))
     for t in FLOAT_NAMES:
         v.append(Variant("attn.cu", f"flash_attn_{t}_h1"))

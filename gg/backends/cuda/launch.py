@@ -60,6 +60,11 @@ class Args:
         self._vals.append(np.frombuffer(b"".join(np.asarray(f).tobytes() for f in fields), np.uint8).copy())
         return self
 
+    def words(self, *fields: int) -> "Args":
+        """A C struct of 8-byte fields (pointers, int64), passed by value."""
+        self._vals.append(np.array(fields, np.int64))
+        return self
+
     def tensor(self, t: Tensor) -> "Args":
         """Pointer then descriptor of t."""
         return self.ptr(addr(t)).desc(t.ne, t.nb)

@@ -37,7 +37,7 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
     out = step.out
     if out.nelements == 0:
         return []
-    if ops == support.NORM_MATVEC:
+    if ops[:3] == support.NORM_MATVEC:
         return [_norm_matvec(rt, step, what)]
     if ops[0] == "rms_norm" or ops == ("norm",):
         return [_norm(rt, step, what)]
@@ -77,11 +77,7 @@ def lower(rt, step, index: int) -> list[Callable[[], None]]:
             and all(nb % (4 * t.dtype.size) == 0 for nb in t.nb[1:]) for t in (x, out)))
         work = p.n_dims // 2 + (out.ne[0] - p.n_dims)
         grid, block = rows_config(work // 2 if vec else work, _rows(out))
-        # The frequencies freq_scale * freq_base^(-2i / n_dims), in float64, computed once here:
-        # a double exp2 per element made the kernel FP64-bound (T=512 prefill: 35 us at 950 GB/s).
-        i = np.arange(max(p.n_dims // 2, 1), dtype=np.float64)
-        freqs = rt.alloc(i.nbytes)
-        freqs.write(0, p.freq_scale * np.exp2(-2.0 * i / p.n_dims * math.log2(p.freq_base)))
+        freqs = _rope_freqs(rt, p)
         args = (Args().tensor(out).tensor(x).ptr(addr(pos)).i64(pos.nb[0]).i32(p.n_dims).i32(p.mode)
                 .ptr(freqs.ptr).i32(int(vec)))
         launch = Launch(rt, "rope.cu", f"rope_{out.dtype.name}", grid, block, args, what=what)
@@ -351,17 +347,47 @@ def softmax_values_per_thread(n: int) -> int:
     return max(full) if full else min(fits, default=0)
 
 
+def _rope_freqs(rt, p):
+    """freq_scale * freq_base^(-2i / n_dims) in float64 on the device, computed once here: a double
+    exp2 per element made the rope kernel FP64-bound (T=512 prefill: 35 us at 950 GB/s)."""
+    i = np.arange(max(p.n_dims // 2, 1), dtype=np.float64)
+    freqs = rt.alloc(i.nbytes)
+    freqs.write(0, p.freq_scale * np.exp2(-2.0 * i / p.n_dims * math.log2(p.freq_base)))
+    return freqs
+
+
 def _norm_matvec(rt, step, what: str) -> Launch:
-    """rms_norm(x) * w -> W·h as one wide mat-vec that normalizes x as it reads it (mul_mat.cu NORM)."""
-    rn, mul, mm = step.nodes
+    """rms_norm(x) * w -> W·h as one wide mat-vec that normalizes x as it reads it (mul_mat.cu
+    NORM); with more nodes, the rope and set_rows after it done by its epilogue (mul_mat.cu EPI)."""
+    rn, mul, mm, *tail = step.nodes
     (x,), (_, w), (a, _) = step.srcs(rn), step.srcs(mul), step.srcs(mm)
-    out = step.out
     if not (_aligned16(a) and _aligned16(x) and _aligned16(w)):  # support.norm_matvec_ok saw the layouts
         raise BackendError(f"cuda: operands of {what} are not 16-byte aligned")
-    args = Args().tensor(out).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
-    grid = (-(-out.ne[0] // MMVW_NORM_ROWS), 1, 1)
-    return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32", grid, (MMVW_THREADS, 1, 1), args,
-                  what=what)
+    # The product's own memory: written where a later step reads it (always without an epilogue).
+    raw = addr(mm) if not tail or mm in step.exports else 0
+    args = Args().ptr(raw).desc(mm.ne, mm.nb).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
+    grid = (-(-mm.ne[0] // MMVW_NORM_ROWS), 1, 1)
+    if not tail:
+        return Launch(rt, "mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32", grid, (MMVW_THREADS, 1, 1), args,
+                      what=what)
+    rope = next((n for n in tail if n.op == "rope"), None)
+    freqs = None
+    if rope is not None:
+        lo, n, hd, n_dims = support.epi_rope(mm, rope)
+        freqs = _rope_freqs(rt, rope.params)
+        words = [addr(rope), addr(step.srcs(rope)[1]), freqs.ptr, lo, n, hd, n_dims]
+    else:
+        words = [0, 0, 0, 0, 0, 1, 0]
+    words += [rt.err_word.ptr, _err_code(rt, what)]
+    scatters = [n for n in tail if n.op == "set_rows"]
+    for s in scatters:
+        roped, lo, n, per, nrows = support.epi_scatter(mm, rope, s)
+        words += [addr(s), addr(step.srcs(s)[2]), lo, n, per, roped, _code(s), nrows, s.nb[0], s.nb[1]]
+    words += [0] * 10 * (support.MV_SCATTERS - len(scatters))
+    launch = Launch(rt, "mul_mat.cu", f"mul_mat_vecw_norm_epi_{a.dtype.name}_f32", grid, (MMVW_THREADS, 1, 1),
+                    args.words(*words), what=what)
+    launch.workspace = freqs  # lives as long as the launch record
+    return launch
 
 
 def _mul_mat(rt, step, what: str):

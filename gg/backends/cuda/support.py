@@ -12,6 +12,7 @@ from functools import lru_cache
 from typing import Callable, Sequence
 
 from ...dtypes import BF16, DType, F16, F32, I32
+from ...ops.rope import ROPE_NORMAL
 from ...tensor import Tensor
 
 FLOATS = (F32, F16, BF16)
@@ -29,6 +30,10 @@ NORM_CHAINS = (("rms_norm",), ("rms_norm", "mul"), ("rms_norm", "mul", "add"))
 # rms_norm(x) * w feeding a one-column product W·h: the wide mat-vec normalizes as it multiplies.
 NORM_MATVEC = ("rms_norm", "mul", "mul_mat")
 # A chain + "cast": the planner's fold_casts lets the chain write its result in the cast's dtype.
+# rms_norm -> mul -> mul_mat of one token, then steps reading its rows that its epilogue does
+# (the planner's fuse_epilogues; kernels/mul_mat.cu MvEpi): one rope, up to MV_SCATTERS set_rows
+EPILOGUE_OPS = ("rope", "set_rows")
+MV_SCATTERS = 2
 FUSED = (NORM_CHAINS[1:] + (NORM_MATVEC, ("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
          + tuple(c + ("cast",) for c in SOFTMAX_CHAINS + NORM_CHAINS + (("cont",),)) + FLASH)
 FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
@@ -163,6 +168,8 @@ def supports(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
         return False
     if len(ops) == 1:
         return ops[0] in SINGLE and supports_node(nodes[0])
+    if ops[:3] == NORM_MATVEC and len(ops) > 3:
+        return epilogue_ok(nodes)
     if ops not in FUSED:
         return False
     if ops in FLASH:
@@ -231,6 +238,65 @@ def norm_matvec_ok(nodes: Sequence[Tensor]) -> bool:
             and mul_mat_path(mm) == "vec")
 
 
+def rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
+    """t as the contiguous elements [lo, lo + n) of root (a contiguous one-column product or
+    rope), or None."""
+    if t.root is not root or t.dtype is not root.dtype or not t.is_contiguous() or t.view_offs % t.dtype.size:
+        return None
+    return t.view_offs // t.dtype.size, t.nelements
+
+
+def epi_rope(mm: Tensor, rope: Tensor) -> tuple[int, int, int, int] | None:
+    """(lo, n, head_dim, n_dims) of a rope the product's epilogue can do: NORMAL mode (a rotated
+    pair is a block's two rows) over F32 rows [lo, lo + n) of the product, lo and head_dim even.
+    None if it cannot."""
+    x, pos = rope.src
+    rows = rows_of(x, mm)
+    p = rope.params
+    if rows is None or p.mode != ROPE_NORMAL or rope.dtype is not F32 or not rope.is_contiguous() or pos.dtype is not I32:
+        return None
+    lo, n = rows
+    hd = x.ne[0]
+    if lo % 2 or hd % 2 or p.n_dims % 2 or x.ne[2] * x.ne[3] != 1:
+        return None
+    return lo, n, hd, p.n_dims
+
+
+def epi_scatter(mm: Tensor, rope: Tensor | None, node: Tensor) -> tuple[int, int, int, int, int] | None:
+    """(roped, lo, n, per, nrows) of a set_rows the product's epilogue can do: its source is
+    product rows [lo, lo + n) (or the rope's, then roped = 1), contiguous, rows of `per`
+    elements, one contiguous I32 index per row, into nrows rows of a float destination (one
+    plane). None if it cannot."""
+    dst, b, idx = node.src
+    roped = rope is not None and b.root is rope
+    rows = rows_of(b, rope if roped else mm)
+    if (rows is None or not supports_node(node) or b.ne[2] * b.ne[3] != 1 or dst.ne[2] * dst.ne[3] != 1
+            or idx.nb[0] != idx.dtype.size or dst.ne[0] * dst.ne[1] > 2 ** 31 - 1):
+        return None
+    lo, n = rows
+    if roped:  # the rope's element e is product row rope_lo + e
+        lo += epi_rope(mm, rope)[0]
+    return int(roped), lo, n, b.ne[0], dst.ne[1]
+
+
+def epilogue_ok(nodes: Sequence[Tensor]) -> bool:
+    """A one-token rms_norm -> mul -> mul_mat (NORM_MATVEC) followed by at most one rope and
+    MV_SCATTERS set_rows of its rows, all done by the product's epilogue: in a decode step the
+    rope of q and k and both KV-cache writes cost no launch of their own."""
+    head, tail = nodes[:3], nodes[3:]
+    if not norm_matvec_ok(head) or not tail:
+        return False
+    mm = head[2]
+    ropes = [n for n in tail if n.op == "rope"]
+    scatters = [n for n in tail if n.op == "set_rows"]
+    if len(ropes) > 1 or len(scatters) > MV_SCATTERS or len(ropes) + len(scatters) != len(tail):
+        return False
+    rope = ropes[0] if ropes else None
+    if mm.ne[1:] != (1, 1, 1) or (rope is not None and epi_rope(mm, rope) is None):
+        return False
+    return all(epi_scatter(mm, rope, s) is not None for s in scatters)
+
+
 def flash_ok(nodes: Sequence[Tensor]) -> bool:
     """The flash kernel computes this K·q -> [scale -> mask ->] softmax -> ·V chain: few query
     tokens, K and V of one float dtype with the same heads and head size, q F32, a full-row mask,
@@ -297,6 +363,8 @@ def kernel_name(ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
         return f"mul_mat_vec_add_{_dt(nodes[0].src[0])}_{_dt(nodes[0].src[1])}"
     if ops == NORM_MATVEC:
         return f"mul_mat_vecw_norm_{_dt(out.src[0])}_f32"
+    if ops[:3] == NORM_MATVEC:
+        return f"mul_mat_vecw_norm_epi_{_dt(nodes[2].src[0])}_f32"
     if len(ops) > 1:
         return "_".join(ops) + f"_{_dt(out)}"
     op = ops[0]

@@ -235,6 +235,36 @@ __device__ __forceinline__ float ld_dt(const char* p, int dt) {
     }
 }
 
+__device__ __forceinline__ void st_dt(char* p, float v, int dt) {
+    switch (dt) {
+        case DT_F16: st<f16>(p, v); break;
+        case DT_BF16: st<bf16>(p, v); break;
+        default: st<float>(p, v);
+    }
+}
+
+// ggml's rope: the pair (x0, x1) turned by the angle p * freq. The angle is built in double
+// (positions reach thousands of radians, where a float angle loses ~1e-4 of accuracy) and
+// reduced to [-pi, pi] before the float sincosf (a double sincos made rope FP64-bound). Every
+// rounding is explicit, so the kernels that rope (rope.cu, the mat-vec epilogue in mul_mat.cu)
+// give the same bits whatever the compiler contracts.
+__device__ __forceinline__ void rope_sincos(double p, double freq, float& sn, float& cs) {
+    const double two_pi = 6.283185307179586;
+    const double theta = __dmul_rn(p, freq);
+    sincosf((float)__fma_rn(-two_pi, rint(__dmul_rn(theta, 1.0 / two_pi)), theta), &sn, &cs);
+}
+
+__device__ __forceinline__ float rope_rotate(float x0, float x1, float sn, float cs, bool second) {
+    return second ? __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs)) : __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+}
+
+__device__ __forceinline__ void rope_pair(double p, double freq, float x0, float x1, float& o0, float& o1) {
+    float sn, cs;
+    rope_sincos(p, freq, sn, cs);
+    o0 = rope_rotate(x0, x1, sn, cs, false);
+    o1 = rope_rotate(x0, x1, sn, cs, true);
+}
+
 // Byte offset of element (i0, i1, i2, i3) in d, with every index taken modulo d.ne (ggml's
 // "src1 repeats over src0" broadcast).
 __device__ __forceinline__ i64 bcast_offs(const TDesc& d, i64 i0, i64 i1, i64 i2, i64 i3) {

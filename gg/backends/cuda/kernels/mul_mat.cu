@@ -101,10 +101,85 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // disappear. Reading x and w (32 KB per 4096-row) for every weight row made the vector traffic
 // from L2 the limit (44 us instead of 33 for wqkv, H100), so that build takes ROWS = 2 weight
 // rows per block: each x and w element loaded serves both.
-template <class TA, class TB, bool NORM, int ROWS>
+//
+// EPI (the planner's epilogue fusion: a decode step's QKV product with the rope and the KV-cache
+// writes that read it): the rows are finished by mv_epilogue below instead of a plain store.
+//
+// Epilogue of a one-token product (all fields 8 bytes: lower.py packs it as words). Product rows
+// [lo, lo + n) are roped in heads of hd (ggml NORMAL mode: the pair (2i, 2i + 1) is the block's
+// two rows) into `rope`; each scatter s is a set_rows of product rows [s.lo, s.lo + s.n), raw or
+// roped: element e goes to row idx[e / per], column e % per of s.dst (a KV cache). An index out of
+// range writes nothing and reports `code` through `err`, as rows.cu's set_rows does.
+struct MvScatter {
+    char* dst;
+    const char* idx;
+    i64 lo, n, per, roped, dt, nrows, nb0, nb1;
+};
+struct MvEpi {
+    char* rope;
+    const char* pos;
+    const double* freqs;
+    i64 lo, n, hd, n_dims;
+    int* err;
+    i64 code;
+    MvScatter s[2];  // lower.py MV_SCATTERS
+};
+
+// The inputs row m's epilogue needs (position, frequency, cache rows), loaded before the product:
+// they then arrive with the weights instead of adding a round trip to the end of every block,
+// which holds the block's slot on the SM without a load in flight (decode 82.3 -> 81.x us, H100).
+struct MvPre {
+    double f;
+    int p, t[2];
+};
+
+__device__ __forceinline__ void mv_epi_load(const MvEpi& e, i64 m, MvPre& r) {
+    const i64 j = m - e.lo;
+    if (e.rope && j >= 0 && j < e.n) {
+        const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
+        r.p = *(const int*)e.pos;
+        r.f = c < e.n_dims ? e.freqs[c / 2] : 0.0;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const MvScatter& s = e.s[k];
+        const i64 i = m - s.lo;
+        if (s.dst && i >= 0 && i < s.n) r.t[k] = *(const int*)(s.idx + ((int)i / (int)s.per) * (i64)sizeof(int));
+    }
+}
+
+// Row m's value v (x0, x1: the raw values of its rope pair, odd: m is the pair's second row).
+__device__ __forceinline__ void mv_epilogue(const MvEpi& e, const MvPre& pre, char* raw, i64 m, float v, float x0,
+                                            float x1, bool odd) {
+    if (raw) *(float*)raw = v;  // the product itself, where a step after this one reads it
+    float y = v;
+    const i64 j = m - e.lo;
+    if (e.rope && j >= 0 && j < e.n) {
+        if ((int)j % (int)e.hd < e.n_dims) {
+            float sn, cs;
+            rope_sincos((double)pre.p, pre.f, sn, cs);
+            y = rope_rotate(x0, x1, sn, cs, odd);
+        }
+        *(float*)(e.rope + j * (i64)sizeof(float)) = y;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const MvScatter& s = e.s[k];
+        const i64 i = m - s.lo, t = pre.t[k];
+        if (!s.dst || i < 0 || i >= s.n) continue;
+        if (t < 0 || t >= s.nrows) {
+            report_error(e.err, (int)e.code);
+            continue;
+        }
+        st_dt(s.dst + t * s.nb1 + ((int)i % (int)s.per) * s.nb0, s.roped ? y : v, (int)s.dt);
+    }
+}
+
+template <class TA, class TB, bool NORM, int ROWS, bool EPI = false>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
-                                          float eps = 0.0f) {
+                                          float eps = 0.0f, const MvEpi* epi = nullptr) {
+    static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the block's two rows as one pair");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[ROWS + NORM][MMVW_THREADS / 32];
     const i64 m0 = (i64)blockIdx.x * ROWS;
@@ -124,6 +199,9 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     float acc[ROWS], ss = 0.0f;
 #pragma unroll
     for (int rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0f;
+    MvPre pre;
+    if constexpr (EPI)
+        if ((int)threadIdx.x < nrows) mv_epi_load(*epi, m0 + threadIdx.x, pre);
     for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
         V16 av[ROWS][MMVW_BATCH];
 #pragma unroll
@@ -180,7 +258,17 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
             v += part[rr][i];
             if constexpr (NORM) sq += part[ROWS][i];
         }
-        if constexpr (NORM) v *= 1.0f / sqrtf(sq / (float)ad.ne[0] + eps);  // as kernels/norm.cu
+        float scale = 1.0f;
+        if constexpr (NORM) scale = 1.0f / sqrtf(sq / (float)ad.ne[0] + eps);  // as kernels/norm.cu
+        v *= scale;
+        if constexpr (EPI) {  // the pair partner's sum, in the same order as its own thread's
+            float w = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MMVW_THREADS / 32; ++i) w += part[rr ^ 1][i];
+            w *= scale;
+            mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, rr ? w : v, rr ? v : w, rr);
+            return;
+        }
         if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
         *(float*)(dst + m * d.nb[0] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
     }
@@ -281,7 +369,13 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mul_mat_vecw_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, \
                                      const char* nw, float eps) {                                         \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, MMVW_NORM_ROWS>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);                     \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);             \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
+        mul_mat_vecw_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x,      \
+                                         TDesc xd, const char* nw, float eps, MvEpi epi) {                \
+        gg_grid_sync();                                                                                   \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi); \
     }
 
 #define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16) GG_MM_NORM(TA, SA)
