@@ -179,7 +179,7 @@ template <class TA, class TB, bool NORM, int ROWS, bool EPI = false>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
                                           float eps = 0.0f, const MvEpi* epi = nullptr) {
-    static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the block's two rows as one pair");
+    static_assert(!EPI || (NORM && ROWS % 2 == 0), "the epilogue ropes pairs of the block's rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[ROWS + NORM][MMVW_THREADS / 32];
     const i64 m0 = (i64)blockIdx.x * ROWS;
@@ -266,7 +266,8 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
 #pragma unroll
             for (int i = 0; i < MMVW_THREADS / 32; ++i) w += part[rr ^ 1][i];
             w *= scale;
-            mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, rr ? w : v, rr ? v : w, rr);
+            const bool odd = rr & 1;
+            mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, odd ? w : v, odd ? v : w, odd);
             return;
         }
         if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
