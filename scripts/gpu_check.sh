@@ -16,7 +16,7 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 # memcheck runs the real path (CUDA graphs on); racecheck launches kernels one by one.
 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_flash.py tests/test_matvec_add.py \
-    tests/test_kernel_paths.py tests/test_branches.py tests/test_llama.py -k "not out_of_memory" > "$OUT/memcheck_pytest.log" 2>&1
+    tests/test_kernel_paths.py tests/test_branches.py tests/test_llama.py tests/test_epilogue.py -k "not out_of_memory" > "$OUT/memcheck_pytest.log" 2>&1
 rc=$?; echo "memcheck exit $rc" | tee -a "$OUT/memcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool racecheck --error-exitcode 99 --log-file "$OUT/racecheck.log" \
@@ -34,7 +34,7 @@ rc=$?; echo "racecheck exit $rc" | tee -a "$OUT/racecheck_pytest.log"; [ $rc -eq
 # memcheck is clean).
 GG_NO_CUDA_GRAPH=1 timeout ${SAN_TIMEOUT:-600} "$SAN" --tool initcheck --error-exitcode 99 --log-file "$OUT/initcheck.log" \
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda.py tests/test_llama.py tests/test_flash.py tests/test_matvec_add.py \
-    tests/test_kernel_paths.py -k "not out_of_memory and not cublas_large and not gemm_operand" > "$OUT/initcheck_pytest.log" 2>&1
+    tests/test_kernel_paths.py tests/test_epilogue.py -k "not out_of_memory and not cublas_large and not gemm_operand" > "$OUT/initcheck_pytest.log" 2>&1
 rc=$?; echo "initcheck exit $rc" | tee -a "$OUT/initcheck_pytest.log"; [ $rc -eq 0 ] || status=1
 
 # The sanitizer must catch a planted out-of-bounds write made through gg's launch path.

@@ -376,7 +376,7 @@ def _norm_matvec(rt, step, what: str) -> Launch:
         lo, n, hd, n_dims = support.epi_rope(mm, rope)
         freqs = _rope_freqs(rt, rope.params)
         words = [addr(rope), addr(step.srcs(rope)[1]), freqs.ptr, lo, n, hd, n_dims]
-    else:
+    else:  # no rope (head size 1: the kernel's modulo never divides by zero)
         words = [0, 0, 0, 0, 0, 1, 0]
     words += [rt.err_word.ptr, _err_code(rt, what)]
     scatters = [n for n in tail if n.op == "set_rows"]

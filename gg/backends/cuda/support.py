@@ -29,11 +29,10 @@ FLASH = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
 NORM_CHAINS = (("rms_norm",), ("rms_norm", "mul"), ("rms_norm", "mul", "add"))
 # rms_norm(x) * w feeding a one-column product W·h: the wide mat-vec normalizes as it multiplies.
 NORM_MATVEC = ("rms_norm", "mul", "mul_mat")
-# A chain + "cast": the planner's fold_casts lets the chain write its result in the cast's dtype.
-# rms_norm -> mul -> mul_mat of one token, then steps reading its rows that its epilogue does
-# (the planner's fuse_epilogues; kernels/mul_mat.cu MvEpi): one rope, up to MV_SCATTERS set_rows
-EPILOGUE_OPS = ("rope", "set_rows")
+# NORM_MATVEC + steps reading its rows that its epilogue also does (the planner's fuse_epilogues,
+# kernels/mul_mat.cu MvEpi): one rope and up to MV_SCATTERS set_rows (epilogue_ok).
 MV_SCATTERS = 2
+# A chain + "cast": the planner's fold_casts lets the chain write its result in the cast's dtype.
 FUSED = (NORM_CHAINS[1:] + (NORM_MATVEC, ("scale", "add", "soft_max"), ("scale", "diag_mask_inf", "soft_max"), ("mul_mat", "add"))
          + tuple(c + ("cast",) for c in SOFTMAX_CHAINS + NORM_CHAINS + (("cont",),)) + FLASH)
 FLASH_MAX_T = 8          # query tokens up to this (decode); prefill keeps cuBLAS + softmax
