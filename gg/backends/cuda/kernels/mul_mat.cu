@@ -125,19 +125,39 @@ struct MvEpi {
     MvScatter s[2];  // lower.py MV_SCATTERS
 };
 
+// The inputs of row m's epilogue (position, frequency, cache rows), all requested at once before
+// the block's partial sums meet: each was a separate round trip at the end of every block, which
+// holds the block's slot on the SM with one warp and no weight load in flight.
+struct MvPre {
+    double f;
+    int p, t[2];
+};
+
+__device__ __forceinline__ void mv_epi_load(const MvEpi& e, i64 m, MvPre& r) {
+    const i64 j = m - e.lo;
+    if (e.rope && j >= 0 && j < e.n) {
+        const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
+        r.p = *(const int*)e.pos;
+        r.f = c < e.n_dims ? e.freqs[c / 2] : 0.0;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const MvScatter& s = e.s[k];
+        const i64 i = m - s.lo;
+        if (s.dst && i >= 0 && i < s.n) r.t[k] = *(const int*)(s.idx + ((int)i / (int)s.per) * (i64)sizeof(int));
+    }
+}
+
 // Row m's value v (x0, x1: the raw values of its rope pair, odd: m is the pair's second row).
-// The rope adds ~1.2 us to the decode step's QKV product (H100, 8192 roped rows): loading the
-// position, frequency and cache rows before the product, working out the angle while the weights
-// load, or the hardware __sincosf did not reduce it.
-__device__ __forceinline__ void mv_epilogue(const MvEpi& e, char* raw, i64 m, float v, float x0, float x1, bool odd) {
+__device__ __forceinline__ void mv_epilogue(const MvEpi& e, const MvPre& pre, char* raw, i64 m, float v, float x0,
+                                            float x1, bool odd) {
     if (raw) *(float*)raw = v;  // the product itself, where a step after this one reads it
     float y = v;
     const i64 j = m - e.lo;
     if (e.rope && j >= 0 && j < e.n) {
-        const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
-        if (c < e.n_dims) {
+        if ((int)j % (int)e.hd < e.n_dims) {
             float sn, cs;
-            rope_sincos((double)*(const int*)e.pos, e.freqs[c / 2], sn, cs);
+            rope_sincos((double)pre.p, pre.f, sn, cs);
             y = rope_rotate(x0, x1, sn, cs, odd);
         }
         *(float*)(e.rope + j * (i64)sizeof(float)) = y;
@@ -145,9 +165,8 @@ __device__ __forceinline__ void mv_epilogue(const MvEpi& e, char* raw, i64 m, fl
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const MvScatter& s = e.s[k];
-        const i64 i = m - s.lo;
+        const i64 i = m - s.lo, t = pre.t[k];
         if (!s.dst || i < 0 || i >= s.n) continue;
-        const i64 t = *(const int*)(s.idx + ((int)i / (int)s.per) * (i64)sizeof(int));
         if (t < 0 || t >= s.nrows) {
             report_error(e.err, (int)e.code);
             continue;
@@ -226,6 +245,9 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         for (int rr = 0; rr < ROWS; ++rr) part[rr][threadIdx.x >> 5] = acc[rr];
         if constexpr (NORM) part[ROWS][threadIdx.x >> 5] = ss;
     }
+    MvPre pre;
+    if constexpr (EPI)
+        if ((int)threadIdx.x < nrows) mv_epi_load(*epi, m0 + threadIdx.x, pre);
     __syncthreads();
     if ((int)threadIdx.x < nrows) {  // thread rr writes row m0 + rr
         const int rr = threadIdx.x;
@@ -245,7 +267,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
             for (int i = 0; i < MMVW_THREADS / 32; ++i) w += part[rr ^ 1][i];
             w *= scale;
             const bool odd = rr & 1;
-            mv_epilogue(*epi, dst ? dst + m * d.nb[0] : nullptr, m, v, odd ? w : v, odd ? v : w, odd);
+            mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, odd ? w : v, odd ? v : w, odd);
             return;
         }
         if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
