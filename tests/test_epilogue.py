@@ -188,3 +188,14 @@ def test_llama_decode_equals_the_steps_apart(rng, monkeypatch, n_head_kv):
     want = [ref.forward(xs[:4])] + [ref.forward(xs[i:i + 1]) for i in range(4, 8)]
     assert all(nmse(p, q.reshape(p.shape)) <= 5e-4 for p, q in zip(a, want))
     assert nmse(ka, np.stack(ref.keys[0])) <= 1e-6 and nmse(va, np.stack(ref.values[0])) <= 1e-6
+
+
+def test_profile_bytes_count_the_rows_written_not_the_cache():
+    """A KV-cache write moves its rows, not the cache: the fused step's bytes are the weights,
+    the inputs and what it writes."""
+    from gg.graph.profile import step_bytes
+    plan, _ = _decode_plan()
+    n, f32, f16 = WIDE["n_embd"], 4, 2
+    reads = 3 * n * n * f16 + 2 * n * f32 + 4 + 4 + n * 4  # wqkv, x, norm w, pos, K row, V rows
+    writes = 2 * n * f32 + n * f16 + n * f16                # q and k roped, the K row, V's elements
+    assert step_bytes(plan.steps[0]) == reads + writes

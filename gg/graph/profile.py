@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ops import info
 from ..tensor import Tensor
 from .plan import Plan
 from .step import Step
@@ -14,8 +15,11 @@ def _written(t: Tensor) -> int:
 
 
 def step_bytes(step: Step) -> int:
-    """Fewest bytes the step must move: each input read once, each output written once."""
-    return sum(t.nelements * t.dtype.size for t in step.inputs) + sum(_written(t) for t in step.outs)
+    """Fewest bytes the step must move: each input read once, each output written once. The
+    destination a cpy or set_rows writes into (a KV cache) is not read."""
+    dsts = {n.src[info(n.op).dst_index] for n in step.nodes if info(n.op).writes_view}
+    return (sum(t.nelements * t.dtype.size for t in step.inputs if t not in dsts)
+            + sum(_written(t) for t in step.outs))
 
 
 def step_flops(step: Step) -> int:
