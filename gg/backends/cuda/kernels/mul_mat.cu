@@ -165,8 +165,9 @@ __device__ __forceinline__ void mv_epilogue(const MvEpi& e, const MvPre& pre, ch
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const MvScatter& s = e.s[k];
-        const i64 i = m - s.lo, t = pre.t[k];
+        const i64 i = m - s.lo;
         if (!s.dst || i < 0 || i >= s.n) continue;
+        const i64 t = pre.t[k];  // (set by mv_epi_load for exactly these rows)
         if (t < 0 || t >= s.nrows) {
             report_error(e.err, (int)e.code);
             continue;
@@ -246,8 +247,11 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         if constexpr (NORM) part[ROWS][threadIdx.x >> 5] = ss;
     }
     MvPre pre;
-    if constexpr (EPI)
-        if ((int)threadIdx.x < nrows) mv_epi_load(*epi, m0 + threadIdx.x, pre);
+    float res = 0.0f;  // the residual, requested before the barrier too (one round trip less at the end)
+    if ((int)threadIdx.x < nrows) {
+        if constexpr (EPI) mv_epi_load(*epi, m0 + threadIdx.x, pre);
+        if (r) res = *(const float*)(r + (m0 + threadIdx.x) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+    }
     __syncthreads();
     if ((int)threadIdx.x < nrows) {  // thread rr writes row m0 + rr
         const int rr = threadIdx.x;
@@ -270,7 +274,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
             mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, odd ? w : v, odd ? v : w, odd);
             return;
         }
-        if (r) v += *(const float*)(r + m * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+        if (r) v += res;
         *(float*)(dst + m * d.nb[0] + i2 * d.nb[2] + i3 * d.nb[3]) = v;
     }
 }
