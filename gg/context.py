@@ -23,7 +23,7 @@ class Context:
     """
 
     def __init__(self, backend: str = "auto"):
-        if backend not in BACKENDS:
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise BackendError(f"Context: backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
         self.tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()  # the default context lives forever
@@ -44,7 +44,7 @@ class Context:
         nbytes = t.nelements * dtype.size
         try:
             t.buffer = HostBuffer(nbytes)
-        except MemoryError:
+        except (MemoryError, ValueError):  # numpy says "array is too big" as a ValueError
             raise OutOfMemoryError(f"new_tensor: cannot allocate {nbytes} bytes of host memory for "
                                    f"{t.label()}", nbytes) from None
         t.home = None if self.backend == "auto" else self.backend

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -18,6 +19,22 @@ class Flag(enum.Flag):
     INPUT = enum.auto()
     OUTPUT = enum.auto()
     PERSISTENT = enum.auto()
+    KEEP = enum.auto()  # t.keep(): every plan keeps its value readable after compute (ggml_set_output)
+
+
+# The value each computed tensor got from the last compute of a plan that outputs or keeps it:
+# tensor -> (buffer, byte offset of the root). Written only by executors after a compute; a
+# tensor holds graph data alone, so two plans that share a node each have their own memory for
+# it and `numpy()` reads whichever of them computed it last.
+_results: "weakref.WeakKeyDictionary[Tensor, tuple[Any, int]]" = weakref.WeakKeyDictionary()
+
+# The largest tensor gg will describe: byte offsets and strides must fit in int64 everywhere.
+MAX_BYTES = 2**62
+
+
+def publish(t: "Tensor", buffer: Any, offset: int) -> None:
+    """Record where the last compute that outputs (or keeps) root tensor t left its value."""
+    _results[t] = (buffer, offset)
 
 
 def contiguous_strides(dtype: DType, ne: Sequence[int]) -> tuple[int, ...]:
@@ -27,11 +44,30 @@ def contiguous_strides(dtype: DType, ne: Sequence[int]) -> tuple[int, ...]:
     return tuple(nb)
 
 
-def pad_ne(ne: Sequence[int], what: str = "tensor") -> tuple[int, int, int, int]:
-    ne = tuple(int(n) for n in ne)
-    if not 1 <= len(ne) <= MAX_DIMS or any(n < 1 for n in ne):
-        raise ShapeError(f"{what}: ne must be 1 to 4 positive element counts, got {ne}")
-    return ne + (1,) * (MAX_DIMS - len(ne))  # type: ignore[return-value]
+def _is_int(n: object) -> bool:
+    return isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_))
+
+
+def pad_ne(ne: Sequence[int] | int, what: str = "tensor") -> tuple[int, int, int, int]:
+    """ne padded with 1s to 4 dims. Takes Python or numpy ints >= 1 (an int alone is one dim);
+    anything else (floats, bools, strings, a total size past MAX_BYTES) is a GGError."""
+    if _is_int(ne):
+        ne = (ne,)  # type: ignore[assignment]
+    try:
+        given = tuple(ne)  # type: ignore[arg-type]
+    except TypeError:
+        raise ShapeError(f"{what}: ne must be a sequence of 1 to 4 element counts, got {ne!r}") from None
+    if not all(_is_int(n) for n in given):
+        raise ShapeError(f"{what}: ne must hold integers (element counts), got {given!r}")
+    counts = tuple(int(n) for n in given)
+    if not 1 <= len(counts) <= MAX_DIMS or any(n < 1 for n in counts):
+        raise ShapeError(f"{what}: ne must be 1 to 4 positive element counts, got {counts}")
+    total = 1
+    for n in counts:
+        total *= n
+    if total > MAX_BYTES:
+        raise ShapeError(f"{what}: ne={counts} has {total} elements, more than gg can address ({MAX_BYTES})")
+    return counts + (1,) * (MAX_DIMS - len(counts))  # type: ignore[return-value]
 
 
 class Tensor:
@@ -41,6 +77,8 @@ class Tensor:
     root `view_src` at byte offset `view_offs`. Data appears only after `graph.compute()` for op
     nodes; leaves hold data from their creation.
     """
+
+    keep_epoch = 0  # bumped by keep(): graphs planned before must re-plan to keep the value
 
     __slots__ = ("dtype", "ne", "nb", "op", "params", "src", "view_src", "view_offs", "name", "flags",
                  "ctx", "buffer", "offset", "home", "__weakref__")
@@ -60,9 +98,9 @@ class Tensor:
         self.name = name
         self.flags = flags
         self.ctx = ctx
-        self.buffer = None   # set on roots once memory is assigned (leaf creation or allocation)
+        self.buffer = None   # leaves only: their storage (set by the owning context)
         self.offset = 0
-        self.home: str | None = None  # backend whose memory holds the root's data
+        self.home: str | None = None  # leaves only: the backend holding the data, None until placed
         if self.view_src is not None:
             self._check_view_bounds()
 
@@ -143,14 +181,35 @@ class Tensor:
                 f"[{lo}, {hi}) outside its source ne={root.ne} {root.dtype.name} ({size} bytes)")
 
     # ---- data ----------------------------------------------------------------------------
+    def keep(self) -> "Tensor":
+        """Keep this tensor's value readable after every compute of a graph containing it (like
+        ggml_set_output): its memory is not reused and its ops are not fused away. Graphs
+        already planned re-plan on their next compute."""
+        root = self.root
+        for t in (self, root):
+            if Flag.KEEP not in t.flags:
+                t.flags |= Flag.KEEP
+                Tensor.keep_epoch += 1
+        return self
+
     def _storage(self):
         root = self.root
         if root.ctx is not None and getattr(root.ctx, "freed", False):
             raise GraphError(f"tensor {self.label()} belongs to a freed context")
-        if root.buffer is None:
-            what = "has no data yet: compute a graph that contains it first" if root.op else "has no storage"
-            raise GraphError(f"tensor {self.label()} {what}")
-        return root.buffer, root.offset
+        if root.op is None:
+            if root.buffer is None:
+                raise GraphError(f"tensor {self.label()} has no storage")
+            return root.buffer, root.offset
+        where = _results.get(root)
+        if where is None:
+            if root.flags & (Flag.OUTPUT | Flag.KEEP):
+                raise GraphError(f"tensor {self.label()} has no value yet: compute a graph that has it "
+                                 "as an output (or keeps it) first")
+            raise GraphError(
+                f"tensor {self.label()} is an intermediate: its memory is reused while the graph runs, so "
+                "its value is not kept. Make it an output (gg.build_forward(..., keep=[t]) or "
+                "graph.build_forward_expand(t)) or call t.keep() before computing, then read it")
+        return where
 
     def _raw_view(self, raw: np.ndarray, lo: int) -> np.ndarray:
         # `raw` holds exactly the bytes [lo, hi) of the root, so the view starts at its first byte.
@@ -178,6 +237,8 @@ class Tensor:
             raise ShapeError(f"set: tensor {self.label()} ne={self.ne} needs numpy shape "
                              f"{self.shape}, got {array.shape}")
         check_castable("set", array.dtype, self.dtype)
+        if self.dtype is dtypes.I32:
+            check_i32_range("set", array, self)
         values = dtypes.encode(array.reshape(want), self.dtype)
         buf, off = self._storage()
         lo, hi = self.extent()
@@ -248,3 +309,17 @@ def check_castable(what: str, src: np.dtype, dst: DType) -> None:
         ok = np.issubdtype(src, np.floating) or np.issubdtype(src, np.integer) or src == np.bool_
     if not ok:
         raise DTypeError(f"{what}: cannot store numpy {src} data in a {dst.name} tensor")
+
+
+I32_MIN, I32_MAX = -2**31, 2**31 - 1
+
+
+def check_i32_range(what: str, array: np.ndarray, t: "Tensor") -> None:
+    """Integers stored into I32 must fit: a wrapped index would pass range checks and read the
+    wrong row."""
+    if array.size and (np.dtype(array.dtype).itemsize > 4 or np.dtype(array.dtype) == np.uint32):
+        lo, hi = int(array.min()), int(array.max())
+        if lo < I32_MIN or hi > I32_MAX:
+            bad = lo if lo < I32_MIN else hi
+            raise ShapeError(f"{what}: value {bad} does not fit the I32 tensor {t.label()} "
+                             f"(range [{I32_MIN}, {I32_MAX}])")

@@ -17,8 +17,8 @@ from gg.backends.cuda.runtime import check, cu  # noqa: E402
 from bench_attention import llama7b_block  # noqa: E402
 
 
-def replay_us(rt, steps, iters: int = 300) -> float:
-    prog = Program(rt, steps)
+def replay_us(rt, steps, memory, iters: int = 300) -> float:
+    prog = Program(rt, steps, memory)
     for _ in range(20):
         prog.run()
     rt.synchronize("warm-up")
@@ -43,12 +43,12 @@ def main() -> None:
     g.compute()
     rt = runtime.get()
     steps = list(g.plan.steps)
-    full = replay_us(rt, steps)
+    full = replay_us(rt, steps, g._executor.memory)
     print(f"whole plan, replayed: {full:.1f} us   (T={T}, n_head_kv={n_head_kv})")
     print(f"{'#':>2}  {'ops':34} {'kernel':28} {'alone us':>9} {'+1 copy us':>11}")
     for i, s in enumerate(steps):
-        alone = replay_us(rt, [s] * 4) / 4  # captured: a graph needs more than one launch
-        dup = replay_us(rt, steps[:i + 1] + [s] + steps[i + 1:]) - full
+        alone = replay_us(rt, [s] * 4, g._executor.memory) / 4  # captured: a graph needs more than one launch
+        dup = replay_us(rt, steps[:i + 1] + [s] + steps[i + 1:], g._executor.memory) - full
         print(f"{i:>2}  {'+'.join(s.ops):34} {str(s.kernel):28} {alone:9.1f} {dup:11.1f}")
 
 

@@ -33,15 +33,28 @@ def chain(ctx, x):
     return gg.add(gg.rms_norm(y, 1e-6), x)
 
 
+def running_memory(monkeypatch) -> dict:
+    """{"memory": the bound memory of the CPU program running now} (kernels get only values)."""
+    from gg.backends import cpu
+    seen: dict = {}
+    real = cpu._Program._run_step
+
+    def run_step(self, step):
+        seen["memory"] = self.memory
+        return real(self, step)
+    monkeypatch.setattr(cpu._Program, "_run_step", run_step)
+    return seen
+
+
 def plant_cpu(monkeypatch, op: str, where: str):
     """Make the CPU kernel of `op` also flip one byte just before / just after its output."""
     real = cpu_kernels.KERNELS[op]
+    seen = running_memory(monkeypatch)
 
     def bad(node, *args):
-        root = node.root
-        arr = root.buffer.array
-        i = root.offset - 1 if where == "before" else root.offset + root.nelements * root.dtype.size
-        arr[i] ^= 0xFF
+        buf, off = seen["memory"].locate(node)
+        i = off - 1 if where == "before" else off + node.root.nelements * node.root.dtype.size
+        buf.array[i] ^= 0xFF
         return real(node, *args)
     monkeypatch.setitem(cpu_kernels.KERNELS, op, bad)
 
@@ -118,8 +131,11 @@ def test_a_write_into_another_live_tensor_guard_names_it(guarded, rng, monkeypat
     g = gg.build_forward(out, backends=CPU, fuse=False)
     real = cpu_kernels.KERNELS["rms_norm"]
 
+    seen = running_memory(monkeypatch)
+
     def bad(node, a):
-        y.root.buffer.array[y.root.offset - 3] = 0
+        buf, off = seen["memory"].locate(y)
+        buf.array[off - 3] = 0
         return real(node, a)
     g.compute()
     monkeypatch.setitem(cpu_kernels.KERNELS, "rms_norm", bad)
@@ -169,8 +185,9 @@ def plant_cuda(monkeypatch, op: str, where: str):
     def lower(rt, step, index):
         recs = real(rt, step, index)
         if step.ops == (op,):
+            from gg.backends.cuda.launch import addr
             root = step.out.root
-            base = root.buffer.ptr + root.offset
+            base = addr(root)
             ptr = base - 4 if where == "before" else base + root.nelements * root.dtype.size
             recs = list(recs) + [lambda: check(cu.cuMemsetD8Async(ptr, 0x7F, 4, rt.stream), "planted write")]
         return recs

@@ -159,8 +159,12 @@ def test_set_on_an_op_result_is_refused(rng):
 
 def test_op_result_has_no_data_before_compute(rng):
     a = gg.tensor(rng.standard_normal(4).astype(np.float32))
-    with pytest.raises(gg.GGError, match="no data"):
+    with pytest.raises(gg.GGError, match="is an intermediate"):
         gg.scale(a, 2.0).numpy()
+    y = gg.scale(a, 2.0)
+    gg.build_forward(gg.silu(y))  # an output, not computed yet
+    with pytest.raises(gg.GGError, match="no value yet"):
+        gg.silu(y).numpy() if False else gg.build_forward(y).outputs[0].numpy()
 
 
 # ---- views, permute, reshape -------------------------------------------------------------------

@@ -3,7 +3,7 @@ knows their internals, and backends never import the planner.
 
 Two halves:
 - planning (no device, no driver import): `supports`, `src_dtype`, `kernel_name`, `inplace_ok`;
-- running: `alloc`, `prepare(steps) -> Runnable`, `synchronize`.
+- running: `alloc`, `prepare(steps, memory) -> Runnable`, `synchronize`.
 """
 from __future__ import annotations
 
@@ -22,6 +22,16 @@ class Runnable(Protocol):
 
     def timed_run(self) -> list[float]:
         """Run synchronously, returning each step's time in seconds (device time on a GPU)."""
+
+
+class Memory(Protocol):
+    """Where a bound plan's tensors live (gg.graph.memory.Memory implements it)."""
+
+    def locate(self, t: Tensor) -> tuple[Any, int]:
+        """(buffer, byte offset of t's root in it); t's first element is t.view_offs further."""
+
+    def read(self, t: Tensor) -> Any:
+        """t's elements as a contiguous raw-storage numpy array of shape ne[::-1]."""
 
 
 class Backend(Protocol):
@@ -43,9 +53,10 @@ class Backend(Protocol):
     def alloc(self, nbytes: int) -> Any:
         """A buffer (gg.buffer protocol: backend, nbytes, read, write) of at least nbytes."""
 
-    def prepare(self, steps: Sequence[Any]) -> Runnable:
-        """Turn consecutive steps of this backend (memory already bound) into something to run
-        repeatedly. Called once per plan; `run()` is called on every compute."""
+    def prepare(self, steps: Sequence[Any], memory: "Memory") -> Runnable:
+        """Turn consecutive steps of this backend into something to run repeatedly. `memory`
+        says where every tensor lives (the plan's arenas, the leaves' storage): a backend takes
+        addresses from it, never from the tensors. Called once per plan; `run()` on every compute."""
 
     def synchronize(self) -> None:
         """Wait for all work this backend enqueued."""

@@ -2,8 +2,8 @@
 
 An intermediate's bytes are reused once its last reader ran; a single-op elementwise step may
 write over its first source in place when that source dies there with an identical layout.
-Leaves, views, graph outputs and persistent tensors are never reused, nor is a tensor that is
-the output of another graph (its value must survive this graph's run).
+Leaves, views, this graph's outputs and kept tensors and persistent tensors are never reused.
+Other graphs do not matter: each plan has its own arenas.
 
 With `guard` > 0 (GG_DEBUG_GUARDS=1, see guards.py) every block gets `guard` spare bytes before
 and after the tensor, so sentinels can sit there; offsets stay 256-aligned. `blocks` records every
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..ops import info
-from ..tensor import Flag, Tensor
+from ..tensor import Tensor
 from .step import Step
 
 ALIGN = 256
@@ -92,9 +92,9 @@ def _size(t: Tensor) -> int:
     return t.nelements * t.dtype.size  # allocated tensors are contiguous
 
 
-def allocate(steps: Sequence[Step], outputs: Sequence[Tensor], guard: int = 0) -> Allocation:
-    keep = {o.root for o in outputs}
-    keep |= {t for s in steps for t in s.outs if Flag.OUTPUT in t.flags and t.view_src is None}
+def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> Allocation:
+    """`kept`: the graph's outputs and kept tensors, whose memory is never handed on."""
+    keep = {o.root for o in kept}
     owned = [t for s in steps for t in s.outs if t.view_src is None]  # tensors that need arena memory
     mine = set(owned)
     last_use: dict[Tensor, int] = {}

@@ -1,4 +1,9 @@
-"""Pass 1, assign: each node to the first backend in the priority list that supports it."""
+"""Pass 1, assign: each node to the first backend in the priority list that supports it.
+
+Assigning writes nothing onto tensors: where every root lives is returned as a `Placement`. A
+placed leaf (pinned context, or moved by an earlier compute) stays where it is; an auto leaf not
+yet placed gets the backend of its first consumer in this plan, and moves there when the plan is
+first computed (the executor), never when it is made."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -10,19 +15,24 @@ from ..tensor import Tensor
 from .step import Step
 
 
-def location(t: Tensor) -> str | None:
-    """The backend whose memory holds t (its root's home), None for an auto leaf not yet placed."""
-    return t.root.home
+class Placement(dict):
+    """root tensor -> the backend whose memory holds it in this plan."""
+
+    def of(self, t: Tensor) -> str | None:
+        return self.get(t.root)
 
 
-def assign(nodes: Sequence[Tensor], leafs: Sequence[Tensor], priority: Sequence[str]) -> list[Step]:
-    """One single-node step per computing node (views are metadata and get none). Auto leaves get
-    the backend of their first consumer as home (set on the leaf: weights stay resident)."""
+def assign(nodes: Sequence[Tensor], leafs: Sequence[Tensor], priority: Sequence[str]) -> tuple[list[Step], Placement]:
+    """One single-node step per computing node (views are metadata and get none), and the
+    placement of every root the steps touch."""
+    where = Placement()
     for leaf in leafs:
         if leaf.ctx is not None and leaf.ctx.freed:
             raise GraphError(f"plan: leaf {leaf.label()} belongs to a freed context")
         if leaf.buffer is None:
             raise GraphError(f"plan: leaf {leaf.label()} has no data (freed?)")
+        if leaf.home is not None:
+            where[leaf] = leaf.home
     steps: list[Step] = []
     for n in nodes:
         op = info(n.op)
@@ -30,19 +40,18 @@ def assign(nodes: Sequence[Tensor], leafs: Sequence[Tensor], priority: Sequence[
             continue
         candidates = list(priority)
         dst = n.src[op.dst_index].root if op.dst_index is not None else None
-        if dst is not None and dst.home is not None:
+        if dst is not None and dst in where:
             # A write into persistent memory runs where that memory lives.
-            candidates = [dst.home]
+            candidates = [where[dst]]
         chosen = next((b for b in candidates if base.get(b).supports((n.op,), (n,))), None)
         if chosen is None:
             raise BackendError(f"plan: no backend of {tuple(candidates)} supports {n.op} on "
                                f"{[(s.dtype.name, s.ne) for s in n.src]} -> {n.dtype.name} {n.ne}")
-        if dst is not None and dst.home is None:
-            dst.home = chosen
+        if dst is not None:
+            where.setdefault(dst, chosen)
         for s in n.src:
-            r = s.root
-            if r.op is None and r.home is None:
-                r.home = chosen
-        n.home = chosen if n.view_src is None else n.root.home
+            if s.root.op is None:
+                where.setdefault(s.root, chosen)
+        where.setdefault(n.root, chosen)
         steps.append(Step((n.op,), (n,), chosen))
-    return steps
+    return steps, where

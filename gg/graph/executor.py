@@ -1,4 +1,6 @@
-"""Execute a plan: bind memory once (leaf migration, arenas), then run prepared segments.
+"""Execute a plan: bind memory once (leaves move to their home, arenas), then run prepared
+segments. After each run the plan's outputs and kept tensors are published (tensor.publish), so
+`numpy()` reads what the last compute that outputs them wrote.
 
 One compute of a plan runs at a time (a per-executor lock), and a backend that is not safe to
 drive from several threads at once exposes a `lock` that is held around every compute using it
@@ -11,34 +13,27 @@ import statistics
 import threading
 import time
 
-import numpy as np
 
 from ..backends import base
 from ..errors import BackendError, GraphError
-from ..tensor import Flag, Tensor
+from ..tensor import Tensor, _results
 from .guards import Guards
+from .memory import Memory
 from .plan import Plan
 from .step import Step
-
-
-def read_strided(t: Tensor) -> np.ndarray:
-    """t's elements as a contiguous raw-storage array of shape ne[::-1], from any backend's buffer."""
-    buf, off = t.root.buffer, t.root.offset
-    lo, hi = t.extent()
-    raw = buf.read(off + lo, hi - lo)
-    view = np.lib.stride_tricks.as_strided(raw.view(t.dtype.storage), shape=t.ne[::-1], strides=t.nb[::-1])
-    return np.ascontiguousarray(view)
 
 
 class _Transfer:
     """Copies a tensor from one backend's memory into a contiguous tensor on another's."""
 
-    def __init__(self, step: Step):
+    def __init__(self, step: Step, memory: Memory):
+        self.memory = memory
         self.dst = step.out
         self.src = step.out.src[0]
 
     def run(self) -> None:
-        self.dst.root.buffer.write(self.dst.root.offset, read_strided(self.src))
+        buf, off = self.memory.locate(self.dst)
+        buf.write(off, self.memory.read(self.src))
 
     def timed_run(self) -> list[float]:
         t0 = time.perf_counter()
@@ -53,7 +48,8 @@ class Executor:
         self.used = tuple(dict.fromkeys(s.backend for s in plan.steps))
         self.arenas: dict[str, object] = {}
         self.contexts: set = set()  # of the leaves: a freed one makes every later run an error
-        self.shared: list = []  # (tensor, (backend, offset)) outputs of any graph: re-bound each run
+        self.memory: Memory | None = None
+        self.published: list[tuple[Tensor, tuple]] = []  # (kept root, (buffer, offset)) after each run
         self.guards: Guards | None = None
         self._lock = threading.RLock()
         self._all_locks = self._locks()
@@ -75,32 +71,42 @@ class Executor:
             for lock in reversed(locks):
                 lock.release()
 
+    def stale(self) -> bool:
+        """A leaf this plan meant to place was placed elsewhere (by another plan's compute) since
+        the plan was made: the plan must be made again. Once bound, a plan never goes stale:
+        a placed leaf stays where it is."""
+        return not self.segments and any(leaf.home is not None and leaf.home != home
+                                         for leaf, home in self.plan.leaf_homes.items())
+
     def _bind(self) -> None:
         for name in self.used:
             if not base.available(name):
                 raise BackendError(f"compute: the plan runs steps on {name!r} but that backend is not "
                                    f"available on this machine (plan it with backends=('cpu',) instead)")
-        for step in self.plan.steps:  # leaves move to their home once, and stay there
-            for t in step.inputs + step.outs:
-                self._migrate(t.root)
-                if t.root.op is None and t.root.ctx is not None:
-                    self.contexts.add(t.root.ctx)
+        for leaf, home in self.plan.leaf_homes.items():  # leaves move to their home once, and stay
+            if leaf.home is None:
+                leaf.home = home
+            elif leaf.home != home:
+                raise GraphError(f"compute: leaf {leaf.label()} was placed on {leaf.home!r} after this plan "
+                                 f"was made for it on {home!r}; compute the graph again to re-plan")
+            self._migrate(leaf)
+            if leaf.ctx is not None:
+                self.contexts.add(leaf.ctx)
         for name, size in self.plan.alloc.arena_bytes.items():
             self.arenas[name] = base.get(name).alloc(max(size, 1))
-        for t, (name, off) in self.plan.alloc.offsets.items():
-            t.buffer, t.offset = self.arenas[name], off
-        self.shared = [(t, where) for t, where in self.plan.alloc.offsets.items() if Flag.OUTPUT in t.flags]
+        self.memory = memory = Memory(self.arenas, self.plan.alloc.offsets)
+        self.published = [(t, memory.locate(t)) for t in self.plan.kept]
         guarded = self.plan.alloc.guard > 0
         segments: list = []
         run: list[Step] = []
         for step in self.plan.steps + [None]:  # type: ignore[operator]
             if run and (step is None or step.ops == ("transfer",) or step.backend != run[0].backend or guarded):
-                segments.append(base.get(run[0].backend).prepare(run))
+                segments.append(base.get(run[0].backend).prepare(run, memory))
                 run = []
             if step is None:
                 break
             if step.ops == ("transfer",):
-                segments.append(_Transfer(step))
+                segments.append(_Transfer(step, memory))
             else:
                 run.append(step)
         self.guards = Guards(self.plan, self.arenas) if guarded else None
@@ -108,9 +114,7 @@ class Executor:
 
     @staticmethod
     def _migrate(root: Tensor) -> None:
-        if root.op is not None or root.home is None or root.buffer is None:
-            return
-        if root.buffer.backend != root.home:
+        if root.buffer is not None and root.buffer.backend != root.home:
             nbytes = root.nelements * root.dtype.size
             data = root.buffer.read(root.offset, nbytes)
             new = base.get(root.home).alloc(nbytes)
@@ -148,17 +152,16 @@ class Executor:
                                  "the graph from live tensors")
         if not self.segments:
             self._bind()
-        else:  # outputs may have been re-bound by another graph that shares them
-            for r, (name, off) in self.shared:
-                r.buffer, r.offset = self.arenas[name], off
         if self.guards is not None:
             self._run_guarded()
-            return
-        for seg in self.segments:
-            seg.run()
-        if sync:
-            for name in self.used:
-                base.get(name).synchronize()
+        else:
+            for seg in self.segments:
+                seg.run()
+            if sync:
+                for name in self.used:
+                    base.get(name).synchronize()
+        for t, where in self.published:  # numpy() of an output now reads this run's value
+            _results[t] = where
 
     def _run_guarded(self) -> None:
         """Guard mode: one step per segment; arm its new blocks' guards, run, wait, check."""

@@ -7,12 +7,13 @@ from typing import Sequence
 
 from ..backends import base
 from ..ops import info
-from ..tensor import Flag, Tensor
-from .assign import location
+from ..tensor import Tensor
+from .assign import Placement
 from .step import Step
 
 
-def insert(steps: list[Step]) -> list[Step]:
+def insert(steps: list[Step], where: Placement) -> list[Step]:
+    """Transfers and casts; tensors the planner creates are placed in `where` too."""
     out: list[Step] = []
     transferred: dict[tuple[Tensor, str], Tensor] = {}  # a tensor moves to a backend once per plan
     cast_cache: dict[tuple[Tensor, str, str], Tensor] = {}
@@ -25,15 +26,15 @@ def insert(steps: list[Step]) -> list[Step]:
                 if src in inside or i == dst_index or src in step.subst:
                     continue
                 read = src
-                where = location(src)
-                if where is not None and where != step.backend:
+                home = where.of(src)
+                if home is not None and home != step.backend:
                     key = (src, step.backend)
                     if key not in transferred:
                         t = Tensor(src.dtype, src.ne, op="transfer", src=(src,),
                                    name=f"{src.name or src.op or 'leaf'}@{step.backend}")
-                        t.home = step.backend
+                        where[t] = step.backend
                         out.append(Step(("transfer",), (t,), step.backend,
-                                        kernel=f"transfer_{where}_to_{step.backend}", inserted=True))
+                                        kernel=f"transfer_{home}_to_{step.backend}", inserted=True))
                         transferred[key] = t
                     read = transferred[key]
                 want = be.src_dtype(node, i)
@@ -42,7 +43,7 @@ def insert(steps: list[Step]) -> list[Step]:
                     if key2 not in cast_cache:
                         c = Tensor(want, read.ne, op="cast", src=(read,),
                                    name=f"{src.name or src.op or 'leaf'}:{want.name}")
-                        c.home = step.backend
+                        where[c] = step.backend
                         out.append(Step(("cast",), (c,), step.backend,
                                         kernel=be.kernel_name(("cast",), (c,)), inserted=True))
                         cast_cache[key2] = c
@@ -58,7 +59,7 @@ def insert(steps: list[Step]) -> list[Step]:
     return out
 
 
-def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
+def fold_casts(steps: list[Step], kept: Sequence[Tensor]) -> list[Step]:
     """Let the step producing a value write it in the dtype an inserted cast would convert it to,
     when the cast is that value's only reader: e.g. a softmax writing the F16 operand of a cuBLAS
     product itself, one full pass over the tensor less. The cast may read the value through a
@@ -69,7 +70,7 @@ def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
     for s in steps:
         for t in s.inputs:
             readers[t.root] = readers.get(t.root, 0) + 1
-    keep = {o.root for o in outputs}
+    keep = {o.root for o in kept}
     producer = {s.out: s for s in steps if not s.exports}  # a cast joins only a one-output step
     folded: dict[Step, Step] = {}
     for c in steps:
@@ -80,7 +81,7 @@ def fold_casts(steps: list[Step], outputs: Sequence[Tensor]) -> list[Step]:
             value = value.view_src  # a cast reading a reshape of the producer's whole result
         p = producer.get(value)
         if (p is None or p.inserted or p in folded or p.backend != c.backend or value.view_src is not None
-                or value in keep or Flag.OUTPUT in value.flags or readers.get(value, 0) != 1):
+                or value in keep or readers.get(value, 0) != 1):
             continue
         ops, nodes = p.ops + ("cast",), p.nodes + (c.out,)
         be = base.get(p.backend)

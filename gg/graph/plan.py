@@ -1,7 +1,7 @@
 """Plan: the ordered steps gg will run, with where each runs, what it fused and inserted, and memory."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..tensor import Tensor
@@ -15,12 +15,17 @@ def _mib(n: int) -> str:
 
 @dataclass
 class Plan:
-    """What `graph.compute()` runs. `steps` are in execution order; `alloc` holds the arena offsets."""
+    """What `graph.compute()` runs. `steps` are in execution order; `alloc` holds the arena offsets.
+    `kept` are the computed roots whose values survive a compute (outputs and kept tensors);
+    `leaf_homes` where each leaf must live when the plan runs (the executor moves an unplaced
+    leaf there on the first compute)."""
 
     steps: list[Step]
     alloc: Allocation
     backends: tuple[str, ...]
     outputs: Sequence[Tensor]
+    kept: frozenset[Tensor] = frozenset()
+    leaf_homes: dict[Tensor, str] = field(default_factory=dict)
 
     @property
     def fused(self) -> list[Step]:

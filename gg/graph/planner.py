@@ -12,13 +12,18 @@ from .plan import Plan
 
 
 def make_plan(graph) -> Plan:
+    """The plan of `graph`: a pure function of the graph and the leaves' current placement (it
+    writes nothing onto any tensor)."""
     priority = graph.backends if graph.backends is not None else base.default_priority()
     for name in priority:
         base.get(name)  # unknown names fail here, with the list of known ones
-    steps = assign(graph.nodes, graph.leafs, priority)
+    kept = graph.values_kept()  # outputs first: their values survive, nothing fuses them away
+    steps, where = assign(graph.nodes, graph.leafs, priority)
     if graph.fuse:
-        steps = fuse_epilogues(fuse(steps, graph.nodes, graph.outputs), graph.nodes, graph.outputs)
-    steps = insert(steps)
+        steps = fuse_epilogues(fuse(steps, graph.nodes, kept), graph.nodes, kept)
+    steps = insert(steps, where)
     if graph.fuse:
-        steps = fold_casts(steps, graph.outputs)
-    return Plan(steps, allocate(steps, graph.outputs, guard=guard_bytes()), tuple(priority), list(graph.outputs))
+        steps = fold_casts(steps, kept)
+    leaf_homes = {t: b for t, b in where.items() if t.op is None}
+    return Plan(steps, allocate(steps, kept, guard=guard_bytes()), tuple(priority), list(graph.outputs),
+                kept=frozenset(t.root for t in kept if t.root.op is not None), leaf_homes=leaf_homes)

@@ -1,6 +1,8 @@
 """Validation helpers shared by op constructors; each error names the op and the offending ne/dtype."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..dtypes import DType, F16, F32, BF16
 from ..errors import DTypeError, ShapeError
 from ..tensor import Tensor
@@ -33,10 +35,21 @@ def same_shape(op: str, a: Tensor, b: Tensor) -> None:
 
 
 def finite_number(op: str, value: object, what: str) -> float:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise DTypeError(f"{op}: {what} must be a number, got {value!r}") from None
+    """A real number (Python or numpy int/float, not bool, not a string), finite."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DTypeError(f"{op}: {what} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
     if v != v or v in (float("inf"), float("-inf")):
         raise ShapeError(f"{op}: {what} must be finite, got {v}")
+    return v
+
+
+def integer(op: str, value: object, what: str, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer (Python or numpy int, not bool, not a float) within [lo, hi]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DTypeError(f"{op}: {what} must be an integer, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]" if lo is not None else f"<= {hi}"
+        raise ShapeError(f"{op}: {what} must be {bounds}, got {v}")
     return v

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..dtypes import F16, F32, I32
 from ..errors import ShapeError
 from ..tensor import Tensor
-from ._check import dtype_in, finite_number, tensor_arg
+from ._check import dtype_in, finite_number, integer, tensor_arg
 from .registry import register
 
 ROPE_NORMAL = 0  # rotate pairs (x[2i], x[2i+1])
@@ -34,6 +34,8 @@ def rope(a: Tensor, pos: Tensor, n_dims: int, mode: int = ROPE_NORMAL, freq_base
     dtype_in(op, pos, (I32,), "pos")
     if pos.n_dims != 1 or pos.ne[0] != a.ne[2]:
         raise ShapeError(f"rope: pos ne={pos.ne} must be a vector of a.ne[2]={a.ne[2]} positions (a ne={a.ne})")
+    mode = integer(op, mode, "mode")
+    n_dims = integer(op, n_dims, "n_dims")
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
         raise ShapeError(f"rope: mode must be gg.ROPE_NORMAL (0) or gg.ROPE_NEOX (2), got {mode!r}")
     if int(n_dims) != n_dims or n_dims <= 0 or n_dims % 2 or n_dims > a.ne[0]:

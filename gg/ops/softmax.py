@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..dtypes import F16, F32
 from ..errors import ShapeError
 from ..tensor import Tensor
-from ._check import FLOATS, dtype_in, finite_number, tensor_arg
+from ._check import FLOATS, dtype_in, finite_number, integer, tensor_arg
 from .registry import register
 
 register("soft_max")
@@ -59,6 +59,5 @@ def diag_mask_inf(a: Tensor, n_past: int) -> Tensor:
     op = "diag_mask_inf"
     tensor_arg(op, a)
     dtype_in(op, a, FLOATS)
-    if int(n_past) != n_past or n_past < 0:
-        raise ShapeError(f"diag_mask_inf: n_past must be an integer >= 0, got {n_past!r}")
-    return Tensor(a.dtype, a.ne, op=op, src=(a,), params=DiagMaskParams(int(n_past)))
+    n_past = integer(op, n_past, "n_past", lo=0)
+    return Tensor(a.dtype, a.ne, op=op, src=(a,), params=DiagMaskParams(n_past))

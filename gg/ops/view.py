@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import ShapeError
 from ..tensor import Tensor, contiguous_strides, pad_ne
-from ._check import tensor_arg
+from ._check import integer, tensor_arg
 from .registry import register
 
 for _name in ("view", "reshape", "permute", "transpose"):
@@ -19,18 +19,19 @@ class PermuteParams:
 
 def _view_of(op: str, a: Tensor, ne, nb, offset: int, params=None) -> Tensor:
     tensor_arg(op, a)
-    if int(offset) != offset or offset < 0:
-        raise ShapeError(f"{op}: offset must be a byte count >= 0, got {offset!r}")
+    offset = integer(op, offset, "offset (bytes)", lo=0)
+    nb = tuple(integer(op, b, "nb (byte strides)") for b in nb)
     size = a.dtype.size
-    if int(offset) % size or any(int(b) % size for b in nb):
+    if offset % size or any(b % size for b in nb):
         raise ShapeError(f"{op}: view of ne={a.ne} {a.dtype.name}: offset {offset} and strides nb={tuple(nb)} "
                          f"must be multiples of the element size {size} bytes")
-    return Tensor(a.dtype, ne, nb, op=op, src=(a,), view_src=a.root, view_offs=a.view_offs + int(offset),
+    return Tensor(a.dtype, ne, nb, op=op, src=(a,), view_src=a.root, view_offs=a.view_offs + offset,
                   params=params)
 
 
 def _strides(a: Tensor, ne, nbs) -> tuple[int, ...]:
-    return (a.dtype.size,) + tuple(int(x) for x in nbs) + contiguous_strides(a.dtype, pad_ne(ne))[1 + len(nbs):]
+    given = tuple(integer("view", x, "nb (byte strides)") for x in nbs)
+    return (a.dtype.size,) + given + contiguous_strides(a.dtype, pad_ne(ne))[1 + len(nbs):]
 
 
 def view_1d(a: Tensor, ne0: int, offset: int = 0) -> Tensor:
@@ -53,7 +54,7 @@ def view_3d(a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset:
 def view_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb2: int, nb3: int,
             offset: int = 0) -> Tensor:
     ne = pad_ne((ne0, ne1, ne2, ne3), "view_4d")
-    return _view_of("view", a, ne, (a.dtype.size, int(nb1), int(nb2), int(nb3)), offset)
+    return _view_of("view", a, ne, (a.dtype.size, nb1, nb2, nb3), offset)
 
 
 def reshape(a: Tensor, *ne: int) -> Tensor:
@@ -72,7 +73,7 @@ def reshape(a: Tensor, *ne: int) -> Tensor:
 
 def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
     """ggml's permute: source dim i moves to position ax_i, so result.ne[ax_i] == a.ne[i]."""
-    axes = (ax0, ax1, ax2, ax3)
+    axes = tuple(integer("permute", ax, "axis") for ax in (ax0, ax1, ax2, ax3))
     tensor_arg("permute", a)
     if sorted(axes) != [0, 1, 2, 3]:
         raise ShapeError(f"permute: axes must be a permutation of 0..3, got {axes} (a ne={a.ne})")

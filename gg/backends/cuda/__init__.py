@@ -73,9 +73,9 @@ class CUDABackend:
         """A DeviceBuffer of nbytes (gg.OutOfMemoryError when the device is full)."""
         return self._rt().alloc(nbytes)
 
-    def prepare(self, steps: Sequence):
+    def prepare(self, steps: Sequence, memory):
         from .program import Program
-        return Program(self._rt(), steps)
+        return Program(self._rt(), steps, memory)
 
     def synchronize(self) -> None:
         if self._available:

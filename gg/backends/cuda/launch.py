@@ -6,8 +6,9 @@ and an array of their addresses, so a launch is one driver call with no Python-s
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -16,10 +17,28 @@ from . import compiler
 from .runtime import check, cu
 
 
+# The memory of the plan being lowered. Lowering happens once per plan, under the backend's lock
+# (`bound`), so the lowering functions ask `addr` rather than carry the plan's memory around.
+_memory: Any = None
+
+
+@contextlib.contextmanager
+def bound(memory: Any) -> Iterator[None]:
+    """Lower steps whose tensors live where `memory` (gg.backends.base.Memory) says."""
+    global _memory
+    outer, _memory = _memory, memory
+    try:
+        yield
+    finally:
+        _memory = outer
+
+
 def addr(t: Tensor) -> int:
-    """Device address of t's first element."""
-    r = t.root
-    return r.buffer.ptr + r.offset + t.view_offs
+    """Device address of t's first element in the memory being lowered against."""
+    if _memory is None:
+        raise RuntimeError("cuda: addr() outside lowering (no bound memory)")
+    buf, off = _memory.locate(t)
+    return buf.ptr + off + t.view_offs
 
 
 class Args:

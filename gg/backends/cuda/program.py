@@ -15,16 +15,17 @@ from typing import Callable, Sequence
 
 from ...errors import BackendError
 from .branches import side_steps
+from .launch import bound
 from .lower import lower
 from .runtime import check, cu
 
 
 class Program:
-    def __init__(self, rt, steps: Sequence):
+    def __init__(self, rt, steps: Sequence, memory):
         self.rt = rt
         self.steps = list(steps)
         self.graph_exec = None
-        with rt.enter():
+        with rt.enter(), bound(memory):
             self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
         self.records = [r for rs in self.per_step for r in rs]
         self.names = [f"{'+'.join(s.ops)} ({s.kernel})" for s in self.steps]
@@ -33,8 +34,9 @@ class Program:
                           and os.environ.get("GG_DEBUG_GUARDS", "") not in ("1", "true", "yes"))
         self.graph_error: str | None = None
         # steps that run beside the others inside the captured graph (GG_NO_BRANCHES=1: none)
-        self.branches = (side_steps(self.steps, self.per_step)
-                         if self.use_graph and os.environ.get("GG_NO_BRANCHES", "") != "1" else [])
+        with bound(memory):
+            self.branches = (side_steps(self.steps, self.per_step)
+                             if self.use_graph and os.environ.get("GG_NO_BRANCHES", "") != "1" else [])
 
     def _launch_all(self) -> None:
         for r in self.records:
