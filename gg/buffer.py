@@ -17,6 +17,14 @@ class HostBuffer:
         self.array = np.zeros(max(int(nbytes), 1), dtype=np.uint8)
         self.nbytes = int(nbytes)
 
+    @classmethod
+    def over(cls, raw: np.ndarray, owner: object = None) -> "HostBuffer":
+        """A buffer over existing host bytes (a flat uint8 array, e.g. another library's memory):
+        nothing is copied; `owner` is kept alive as long as the buffer."""
+        buf = cls.__new__(cls)
+        buf.array, buf.nbytes, buf.owner = raw, int(raw.size), owner
+        return buf
+
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset:offset + nbytes].copy()
 

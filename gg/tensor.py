@@ -9,7 +9,7 @@ import numpy as np
 
 from . import dtypes
 from .dtypes import DType
-from .errors import DTypeError, GGError, GraphError, ShapeError
+from .errors import BackendError, DTypeError, GGError, GraphError, ShapeError
 
 MAX_DIMS = 4
 
@@ -249,6 +249,26 @@ class Tensor:
         self._raw_view(raw, lo)[...] = values
         buf.write(off + lo, raw)
         return self
+
+    # ---- interop (DLPack, CUDA array interface; gg/interop.py) ------------------------------
+    def __dlpack__(self, *, stream: int | None = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule over this tensor's value (no copy): `torch.from_dlpack(t)`,
+        `np.from_dlpack(t)`. Waits for gg's work first unless `stream=-1`."""
+        from . import interop
+        if copy:
+            raise BackendError("__dlpack__: copy=True is not supported; export without a copy")
+        return interop.to_dlpack(self, stream)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from . import interop
+        return interop.dlpack_device(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """Version 3 of Numba's CUDA array interface (CuPy, torch.as_tensor) for a value on the GPU."""
+        from . import interop
+        return interop.cuda_array_interface(self)
 
     # ---- presentation --------------------------------------------------------------------
     def label(self) -> str:

@@ -176,7 +176,7 @@ def test_no_gpu_falls_back_to_cpu_with_one_log_line(rng, monkeypatch, caplog, in
     assert len(records) == 1, [r.getMessage() for r in records]
     msg = records[0].getMessage()
     assert "CUDA_ERROR_NO_DEVICE" in msg and "CPU" in msg
-    assert records[0].levelno == (logging.WARNING if installed else logging.INFO)
+    assert records[0].levelno == logging.INFO  # computing on the CPU without a GPU is normal
 
 
 @pytest.mark.skipif(base.available("cuda"), reason="this machine has a GPU")
@@ -189,11 +189,7 @@ def test_no_gpu_for_real_one_line_on_stderr():
             "    assert np.allclose(g.plan.outputs[0].numpy(), 1 / 8)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    lines = r.stderr.strip().splitlines()
-    want_lines = 1 if base.get("cuda").installed else 0  # a CPU-only install logs at INFO: silent
-    assert len(lines) == want_lines, lines
-    if lines:
-        assert "no usable CUDA GPU" in lines[0] and "CPU" in lines[0]
+    assert r.stderr.strip() == ""  # logged at INFO: a GPU-less machine is quiet
 
 
 def test_explicit_cpu_backend_logs_nothing(rng, monkeypatch, caplog):

@@ -97,23 +97,27 @@ def available(name: str) -> bool:
 
 
 def default_priority() -> tuple[str, ...]:
-    """CUDA first when a GPU is usable here, CPU always last. Without a usable GPU, the first
-    call logs one line on the "gg" logger saying why: a warning when cuda-python is installed
-    (a driver or GPU is missing), info on a CPU-only install."""
+    """CUDA first when a GPU is usable here, CPU always last. Computing on the CPU where there is
+    no GPU is normal, so the first call only logs one INFO line on the "gg" logger saying why
+    (`python -m gg info` shows the same reason)."""
     global _fallback_logged
     if available("cuda"):
         return ("cuda", "cpu")
     if not _fallback_logged:
         _fallback_logged = True
-        try:
-            cuda = get("cuda")
-            reason, installed = getattr(cuda, "unavailable_reason", ""), getattr(cuda, "installed", True)
-        except BackendError as e:
-            reason, installed = str(e), False
-        log.log(logging.WARNING if installed else logging.INFO,
-                "gg: no usable CUDA GPU (%s); computing on the CPU backend (pass backends=('cpu',) to "
-                "choose it explicitly)", reason or "unknown reason")
+        log.info("gg: no usable CUDA GPU (%s); computing on the CPU backend", cuda_unavailable_reason())
     return ("cpu",)
+
+
+def cuda_unavailable_reason() -> str:
+    """Why the CUDA backend can not run here ("" when it can)."""
+    try:
+        cuda = get("cuda")
+    except BackendError as e:
+        return str(e)
+    if cuda.available():
+        return ""
+    return getattr(cuda, "unavailable_reason", "") or "unknown reason"
 
 
 def synchronize() -> None:

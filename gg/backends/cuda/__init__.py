@@ -73,6 +73,15 @@ class CUDABackend:
         """A DeviceBuffer of nbytes (gg.OutOfMemoryError when the device is full)."""
         return self._rt().alloc(nbytes)
 
+    def wrap(self, ptr: int, nbytes: int, owner):
+        """A buffer over device memory gg did not allocate (DLPack / CUDA array interface)."""
+        from .runtime import ExternalBuffer
+        return ExternalBuffer(self._rt(), ptr, nbytes, owner)
+
+    def stream_handle(self) -> int:
+        """gg's stream as an integer handle (what DLPack's `stream=` arguments carry)."""
+        return self._rt().stream_handle
+
     def prepare(self, steps: Sequence, memory):
         from .program import Program
         return Program(self._rt(), steps, memory)

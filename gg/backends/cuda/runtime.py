@@ -241,6 +241,20 @@ class DeviceBuffer:
         return f"DeviceBuffer({self.nbytes} B at {self.ptr:#x})"
 
 
+class ExternalBuffer(DeviceBuffer):
+    """Device memory gg did not allocate: a DLPack or CUDA-array-interface producer's (torch,
+    CuPy). gg never frees it; `owner` keeps the producer's memory alive as long as this buffer."""
+
+    def __init__(self, rt: Runtime, ptr: int, nbytes: int, owner: Any):
+        self.rt, self.ptr, self.nbytes, self.owner = rt, int(ptr), int(nbytes), owner
+
+    def __del__(self) -> None:
+        pass  # not ours to free: dropping `owner` releases it
+
+    def __repr__(self) -> str:
+        return f"ExternalBuffer({self.nbytes} B at {self.ptr:#x})"
+
+
 _runtime: Runtime | None = None
 
 
