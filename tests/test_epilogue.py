@@ -10,12 +10,12 @@ import pytest
 
 import gg
 from gg import llama as L
-from gg.backends.cuda import support
+from gg.backends.cuda.families import matmul
 from reference import ref_mul_mat, ref_rms_norm, ref_rope, ref_set_rows
 from reference_helpers import nmse
 
 cuda = pytest.mark.cuda
-EPI = support.NORM_MATVEC + ("rope", "set_rows", "set_rows")
+EPI = matmul.NORM_MATVEC + ("rope", "set_rows", "set_rows")
 WIDE = dict(n_embd=2048, n_head=16, n_ff=64, n_ctx=24)  # F16 rows of 2048: the wide mat-vec
 
 
@@ -55,7 +55,7 @@ def test_no_epilogue(case):
     the writes after it; fuse=False keeps every step."""
     plan, _ = _decode_plan(rope_mode=gg.ROPE_NEOX) if case == "neox" else _decode_plan(fuse=False)
     ops = [s.ops for s in plan.steps]
-    assert not any(len(o) > 3 and o[:3] == support.NORM_MATVEC for o in ops)
+    assert not any(len(o) > 3 and o[:3] == matmul.NORM_MATVEC for o in ops)
     assert ("rope",) in ops and ops.count(("set_rows",)) == 2
 
 
@@ -139,9 +139,9 @@ def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, 
 
     # the same plan with the rope and both writes as their own steps: the same bits
     parts["K"].set(K0), parts["V"].set(V0)
-    monkeypatch.setattr(support, "epilogue_ok", lambda nodes: False)
+    monkeypatch.setattr(matmul, "EPILOGUE_OPS", ())
     g2 = gg.build_forward(*outs, backends=("cuda",))
-    assert [s.ops for s in g2.plan.steps][:2] == [support.NORM_MATVEC, ("rope",)]
+    assert [s.ops for s in g2.plan.steps][:2] == [matmul.NORM_MATVEC, ("rope",)]
     g2.compute()
     apart = [parts["out"].numpy(), parts["K"].numpy(), parts["V"].numpy()]
     for a, b in zip(got, apart):
@@ -175,7 +175,7 @@ def test_llama_decode_equals_the_steps_apart(rng, monkeypatch, n_head_kv):
     runs = []
     for epilogue in (True, False):
         if not epilogue:
-            monkeypatch.setattr(support, "epilogue_ok", lambda nodes: False)
+            monkeypatch.setattr(matmul, "EPILOGUE_OPS", ())
         sess = L.Session(cfg, weights, backends=("cuda",))
         outs = [sess.prefill(xs[:4])] + [sess.decode(xs[i]) for i in range(4, 8)]
         assert (sess.decoder.graph.plan.steps[0].ops == EPI) is epilogue

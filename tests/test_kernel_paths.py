@@ -18,15 +18,14 @@ cuda = pytest.mark.cuda
 @pytest.fixture
 def launches(monkeypatch):
     """Names of the kernels the CUDA lowering launches while the test runs."""
-    from gg.backends.cuda import lower
+    from gg.backends.cuda import launch
     names: list[str] = []
-    base = lower.Launch
+    real = launch.Launch.__init__
 
-    class Recorded(base):
-        def __init__(self, rt, file, name, *args, **kwargs):
-            names.append(name)
-            super().__init__(rt, file, name, *args, **kwargs)
-    monkeypatch.setattr(lower, "Launch", Recorded)
+    def recorded(self, rt, file, name, *args, **kwargs):
+        names.append(name)
+        real(self, rt, file, name, *args, **kwargs)
+    monkeypatch.setattr(launch.Launch, "__init__", recorded)
     return names
 
 
@@ -132,7 +131,7 @@ def test_soft_max_shared_mask_every_order(rng, monkeypatch, ne0, mask_dtype, ord
 def test_soft_max_row_order_choice(n, heads, ne3, order):
     # No device needed: the choice reads shapes and the L2 size (the H100's 50 MiB here).
     from types import SimpleNamespace
-    from gg.backends.cuda.lower import _softmax_row_order
+    from gg.backends.cuda.families.softmax import row_order as _softmax_row_order
     x = gg.Context().new_tensor(gg.F32, (n, n, heads, ne3))
     m = gg.Context().new_tensor(gg.F32, (n, n))
     y = gg.soft_max_ext(x, m, scale=0.125)
@@ -215,12 +214,12 @@ def test_every_kernel_waits_for_its_predecessor_first():
 @cuda
 def test_l2_prefetch_changes_nothing(monkeypatch):
     """The wide mat-vec and the fast flash builds prefetch into L2 before their wait: the results
-    are bit-identical with the prefetch off (lower.L2_PREFETCH), GQA and several tokens included."""
-    from gg.backends.cuda import lower
+    are bit-identical with the prefetch off (launch.L2_PREFETCH), GQA and several tokens included."""
+    from gg.backends.cuda import launch
     from test_flash import Case, compute
     outs = []
     for on in (True, False):
-        monkeypatch.setattr(lower, "L2_PREFETCH", on)
+        monkeypatch.setattr(launch, "L2_PREFETCH", on)
         case = Case(128, 1000, 8, 2, 2, n_ctx=1024, seed=5)
         _, out = compute(case)
         ctx = gg.Context()

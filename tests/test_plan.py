@@ -119,7 +119,7 @@ def _gqa_attention(rng, kdt=np.float16, hd=64, n_kv=100, nkv=2, T=37, nh=8, n_ct
 
 
 def test_cuda_plan_gqa_mul_mat_uses_cublas(rng, monkeypatch):
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)  # nvmath need not be installed here
     kq, kqv = _gqa_attention(rng)
     plan = gg.build_forward(kqv, backends=("cuda", "cpu")).plan
@@ -128,11 +128,11 @@ def test_cuda_plan_gqa_mul_mat_uses_cublas(rng, monkeypatch):
     for s in mm:  # b is cast to a contiguous F16 copy; prepare time (the real b) decides the same
         a, b = s.srcs(s.out)
         assert b.dtype is gg.F16 and b.is_contiguous() and support.gqa_ratio(a, b) == 4
-        assert support.mul_mat_path(s.out, b) == "cublas"
+        assert support.path(s.out, s.out.src[0], b) == "cublas"
 
 
 def test_cuda_plan_gqa_mul_mat_tiled_unless_foldable(rng, monkeypatch):
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     # F32 cache: q needs no cast, and its heads lie hd apart (not T columns): no K x (T*r) matrix
     kq, _ = _gqa_attention(rng, kdt=np.float32)
@@ -314,18 +314,18 @@ def test_profile_table(rng):
 
 def test_fold_casts_into_the_softmax(rng, monkeypatch):
     """The softmax writes the F16 operand of the cuBLAS K·V product itself (`fold_casts`)."""
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     _, kqv = _gqa_attention(rng)
     steps = gg.build_forward(kqv, backends=("cuda", "cpu")).plan.steps
-    assert [(s.ops, s.kernel) for s in steps if "soft_max" in s.ops] == [(("soft_max", "cast"), "soft_max_cast_f16")]
+    assert [(s.ops, s.kernel) for s in steps if "soft_max" in s.ops] == [(("soft_max", "cast"), "soft_max_r4_f16")]
     assert sum(s.inserted for s in steps) == 1  # only q's cast remains a step of its own
 
 
 @pytest.mark.parametrize("also", ["output", "view"])
 def test_fold_casts_keeps_a_value_needed_in_f32(rng, monkeypatch, also):
     """No fold when the softmax's F32 result is needed too: a graph output, or read through a view."""
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     _, kqv = _gqa_attention(rng)
     probs = kqv.src[1]
@@ -349,7 +349,7 @@ def _norm_then_gemm(rng, n=4096, rows=64, with_add=False):
 @pytest.mark.parametrize("with_add", [False, True])
 def test_fold_casts_into_rms_norm(rng, monkeypatch, with_add):
     """rms_norm * w (+ b) writes the F16 operand of the cuBLAS product itself."""
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     steps = gg.build_forward(_norm_then_gemm(rng, with_add=with_add), backends=("cuda", "cpu")).plan.steps
     want = ("rms_norm", "mul", "add", "cast") if with_add else ("rms_norm", "mul", "cast")
@@ -359,7 +359,7 @@ def test_fold_casts_into_rms_norm(rng, monkeypatch, with_add):
 
 def test_fold_casts_not_into_rms_norm_rows_the_kernel_cannot_take(rng, monkeypatch):
     """Rows of 4100 (not a multiple of 8) take the general norm kernel, which writes x's dtype."""
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     steps = gg.build_forward(_norm_then_gemm(rng, n=4100), backends=("cuda", "cpu")).plan.steps
     assert [s.ops for s in steps] == [("rms_norm", "mul"), ("cast",), ("mul_mat",)]
@@ -378,16 +378,16 @@ def _heads_to_gemm(rng, extra_reader=False):
 
 def test_fold_casts_through_a_reshape_into_cont(rng, monkeypatch):
     """The cont writes the F16 GEMM operand itself although the cast reads it through a reshape."""
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     steps = gg.build_forward(*_heads_to_gemm(rng), backends=("cuda", "cpu")).plan.steps
-    assert [(s.ops, s.kernel) for s in steps] == [(("cont", "cast"), "cont_cast_f16"), (("mul_mat",), "cublas_gemm")]
+    assert [(s.ops, s.kernel) for s in steps] == [(("cont", "cast"), "cpy_f32_f16"), (("mul_mat",), "cublas_gemm")]
     assert steps[0].out.dtype is gg.F16 and steps[0].out.ne[:2] == (192, 40)
     assert steps[0].inputs == (steps[0].nodes[0].src[0],)  # the permuted view; the reshape is inside
 
 
 def test_fold_casts_not_through_a_reshape_read_twice(rng, monkeypatch):
-    from gg.backends.cuda import support
+    from gg.backends.cuda.families import matmul as support
     monkeypatch.setattr(support, "have_cublas", lambda: True)
     steps = gg.build_forward(*_heads_to_gemm(rng, extra_reader=True), backends=("cuda", "cpu")).plan.steps
     assert ("cont", "cast") not in [s.ops for s in steps] and ("cont",) in [s.ops for s in steps]

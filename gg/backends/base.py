@@ -2,14 +2,14 @@
 knows their internals, and backends never import the planner.
 
 Two halves:
-- planning (no device, no driver import): `supports`, `src_dtype`, `kernel_name`, `inplace_ok`;
+- planning (no device, no driver import): `supports`, `src_dtype`, `choose`, `patterns`;
 - running: `alloc`, `prepare(steps, memory) -> Runnable`, `synchronize`.
 """
 from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 from ..dtypes import DType
 from ..errors import BackendError
@@ -22,6 +22,22 @@ class Runnable(Protocol):
 
     def timed_run(self) -> list[float]:
         """Run synchronously, returning each step's time in seconds (device time on a GPU)."""
+
+
+class Patterns(NamedTuple):
+    """The fusions a backend declares (the planner only applies its generic legality rules):
+    `chains` are op sequences one step can run (longest first), each intermediate feeding the
+    next; `epilogue_ops` are one-node ops a product's step may also do for the rows it writes."""
+
+    chains: tuple[tuple[str, ...], ...] = ()
+    epilogue_ops: tuple[str, ...] = ()
+
+
+class KernelChoice(Protocol):
+    """What a backend decided runs a step (stored on `Step.choice`); `symbol` is shown in the
+    plan and the profile."""
+
+    symbol: str
 
 
 class Memory(Protocol):
@@ -47,8 +63,13 @@ class Backend(Protocol):
         """The dtype the kernel for `node` needs for src[i], or None if the current one is fine.
         The planner inserts a cast step where this differs from src[i].dtype."""
 
-    def kernel_name(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
-        """The name shown in the plan for the kernel that runs the step."""
+    def choose(self, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Any = None) -> KernelChoice | None:
+        """The kernel for one step (made once at plan time, stored on the Step; lowering only
+        executes it), or None if the backend cannot run it. `srcs(node)` gives the sources the
+        kernel will read (after the planner's transfers and casts); default node.src."""
+
+    def patterns(self) -> Patterns:
+        """The fused groups this backend can run (see Patterns)."""
 
     def alloc(self, nbytes: int) -> Any:
         """A buffer (gg.buffer protocol: backend, nbytes, read, write) of at least nbytes."""

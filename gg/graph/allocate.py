@@ -86,6 +86,9 @@ class Allocation:
     reused: frozenset[Tensor] = frozenset()  # intermediates whose bytes something else takes later
     blocks: tuple[Block, ...] = ()           # every block's life, in the order they were taken
     guard: int = 0                           # spare bytes on each side of every block (guards.py)
+    # (step, "scratch" | "table") -> (backend, offset): memory a step's kernel needs besides its
+    # tensors (Kernel.scratch: while the step runs; Kernel.table: for the plan's life)
+    workspace: dict = field(default_factory=dict)
 
 
 def _size(t: Tensor) -> int:
@@ -108,6 +111,7 @@ def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> A
     inplace: dict[Tensor, Tensor] = {}
     guard = _align(guard) if guard > 0 else 0
     blocks: dict[Tensor, Block] = {}  # tensor -> the block holding it
+    workspace: dict = {}
     for i, s in enumerate(steps):
         made = [t for t in s.outs if t in mine]
         for out in made:
@@ -130,6 +134,14 @@ def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> A
                 blocks[out] = Block(s.backend, off, _size(out), i, len(steps) - 1, [(i, out)])
             if out not in last_use and out not in keep:
                 last_use[out] = i  # never read: free right away
+        for kind in ("table", "scratch"):
+            nbytes = getattr(s.choice, kind, 0)
+            if nbytes:
+                arena = arenas.setdefault(s.backend, Arena(s.backend))
+                naive[s.backend] = naive.get(s.backend, 0) + _align(nbytes)
+                workspace[(s, kind)] = (s.backend, arena.take(nbytes))
+        if (s, "scratch") in workspace:  # free again once the step ran
+            arenas[s.backend].give(workspace[(s, "scratch")][1], s.choice.scratch)
         for t in {t.root for t in s.inputs} | set(made):
             if t in mine and t not in keep and last_use.get(t) == i:
                 be, off = offsets[t]
@@ -137,4 +149,4 @@ def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> A
                 blocks[t].last = i
     reused = frozenset(t for t in offsets if t not in keep)
     return Allocation(offsets, {b: a.size for b, a in arenas.items()}, naive, inplace, reused,
-                      tuple(dict.fromkeys(blocks.values())), guard)
+                      tuple(dict.fromkeys(blocks.values())), guard, workspace)

@@ -94,7 +94,7 @@ class Executor:
                 self.contexts.add(leaf.ctx)
         for name, size in self.plan.alloc.arena_bytes.items():
             self.arenas[name] = base.get(name).alloc(max(size, 1))
-        self.memory = memory = Memory(self.arenas, self.plan.alloc.offsets)
+        self.memory = memory = Memory(self.arenas, self.plan.alloc.offsets, self.plan.alloc.workspace)
         self.published = [(t, memory.locate(t)) for t in self.plan.kept]
         guarded = self.plan.alloc.guard > 0
         segments: list = []

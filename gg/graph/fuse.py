@@ -1,9 +1,11 @@
 """Pass 2, fuse: merge chains of single-node steps into one kernel where ggml's rules allow.
 
-A chain n0 -> n1 -> ... fuses when every intermediate is src[0] of the next node (src[1], the
-activations, when the next node is a mul_mat: attention's ·V), has exactly one
-consumer in the graph, is not a graph output, is not viewed by anything, all nodes run on the same
-backend that supports the group, and no write into persistent memory happens between them.
+Backends declare what they can fuse (`Backend.patterns()`: the chains, and the ops a product's
+epilogue may take over); this pass owns only the generic legality rules. A chain n0 -> n1 -> ...
+fuses when every intermediate is src[0] of the next node (src[1], the activations, when the next
+node is a mul_mat: attention's ·V), has exactly one consumer in the graph, is not an output or a
+kept tensor, is not viewed by anything, all nodes run on the same backend that supports the group,
+and no write into persistent memory happens between them.
 
 Then epilogues (`fuse_epilogues`): a product may also take over the steps right after it that only
 transform its rows (a decode step's rope of q and k, its KV-cache writes)."""
@@ -15,19 +17,6 @@ from ..backends import base
 from ..ops import info
 from ..tensor import Tensor
 from .step import Step
-
-PATTERNS: tuple[tuple[str, ...], ...] = (  # longest first
-    ("mul_mat", "scale", "add", "soft_max", "mul_mat"),           # attention over a KV cache
-    ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
-    ("mul_mat", "soft_max", "mul_mat"),
-    ("mul_mat", "add"),                                           # a residual added by the mat-vec
-    ("rms_norm", "mul", "mul_mat"),                               # a decode step's normalized input x W
-    ("rms_norm", "mul", "add"),
-    ("scale", "add", "soft_max"),
-    ("scale", "diag_mask_inf", "soft_max"),
-    ("rms_norm", "mul"),
-)
-
 
 def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
     consumers: dict[Tensor, list[Tensor]] = {}
@@ -69,7 +58,7 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
     for step in steps:
         if step in fused_into:
             continue
-        for pattern in PATTERNS:
+        for pattern in base.get(step.backend).patterns().chains:
             if step.ops[0] != pattern[0]:
                 continue
             group = chain(step, pattern)
@@ -86,9 +75,6 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
         elif step.out is merged.out:
             out.append(merged)
     return out
-
-
-EPILOGUE_OPS = ("rope", "set_rows")  # one-node steps a product's epilogue may take over
 
 
 def _data(node: Tensor) -> Tensor:
@@ -124,10 +110,11 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
         group = [steps[i]]
         if steps[i].ops[-1] == "mul_mat" and not steps[i].inserted:
             be = base.get(steps[i].backend)
+            epilogue_ops = be.patterns().epilogue_ops
             made = {steps[i].out}
             for nxt in steps[i + 1:]:
                 node = nxt.out
-                if len(nxt.ops) != 1 or nxt.ops[0] not in EPILOGUE_OPS or nxt.backend != steps[i].backend:
+                if len(nxt.ops) != 1 or nxt.ops[0] not in epilogue_ops or nxt.backend != steps[i].backend:
                     break
                 data = _data(node)
                 if data.root not in made or any(s.root in made for s in node.src if s is not data):

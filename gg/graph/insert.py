@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..backends import base
+from ..errors import BackendError
 from ..ops import info
 from ..tensor import Tensor
 from .assign import Placement
@@ -44,19 +45,28 @@ def insert(steps: list[Step], where: Placement) -> list[Step]:
                         c = Tensor(want, read.ne, op="cast", src=(read,),
                                    name=f"{src.name or src.op or 'leaf'}:{want.name}")
                         where[c] = step.backend
-                        out.append(Step(("cast",), (c,), step.backend,
-                                        kernel=be.kernel_name(("cast",), (c,)), inserted=True))
+                        out.append(_chosen(Step(("cast",), (c,), step.backend, inserted=True)))
                         cast_cache[key2] = c
                     read = cast_cache[key2]
                 if read is not src:
                     step.subst[src] = read
-        step.kernel = be.kernel_name(step.ops, step.nodes)
-        out.append(step)
+        out.append(_chosen(step))
         written = {t.root for t in step.outs if info(t.op).writes_view}
         for cache in (transferred, cast_cache):  # copies taken before a write are stale from here on
             for k in [k for k in cache if k[0].root in written]:
                 del cache[k]
     return out
+
+
+def _chosen(step: Step) -> Step:
+    """The step with its backend's kernel choice, made now that the sources it reads (after
+    transfers and casts) are known, and stored: lowering never re-decides."""
+    choice = base.get(step.backend).choose(step.ops, step.nodes, step.srcs)
+    if choice is None:
+        raise BackendError(f"plan: {step.backend} accepted {'+'.join(step.ops)} on {step.out.label()} but "
+                           "has no kernel for it once its inputs are cast/transferred (a backend bug)")
+    step.choice, step.kernel = choice, choice.symbol
+    return step
 
 
 def fold_casts(steps: list[Step], kept: Sequence[Tensor]) -> list[Step]:
@@ -84,9 +94,9 @@ def fold_casts(steps: list[Step], kept: Sequence[Tensor]) -> list[Step]:
                 or value in keep or readers.get(value, 0) != 1):
             continue
         ops, nodes = p.ops + ("cast",), p.nodes + (c.out,)
-        be = base.get(p.backend)
-        if not be.supports(ops, nodes):
+        merged = Step(ops, nodes, p.backend, subst=dict(p.subst))
+        if base.get(p.backend).choose(ops, nodes, merged.srcs) is None:
             continue
-        folded[p] = Step(ops, nodes, p.backend, kernel=be.kernel_name(ops, nodes), subst=dict(p.subst))
+        folded[p] = _chosen(merged)
         folded[c] = None  # type: ignore[assignment]
     return [folded.get(s, s) for s in steps if not (s in folded and folded[s] is None)]

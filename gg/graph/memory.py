@@ -15,9 +15,19 @@ from ..tensor import Tensor
 
 
 class Memory:
-    def __init__(self, arenas: dict[str, Any], offsets: dict[Tensor, tuple[str, int]]):
+    def __init__(self, arenas: dict[str, Any], offsets: dict[Tensor, tuple[str, int]],
+                 workspace: dict | None = None):
         self.arenas = arenas
         self._where = {t: (arenas[name], off) for t, (name, off) in offsets.items()}
+        self._workspace = {key: (arenas[name], off) for key, (name, off) in (workspace or {}).items()}
+
+    def workspace(self, step: Any, kind: str) -> tuple[Any, int]:
+        """(buffer, offset) of the bytes the plan set aside for `step`'s kernel: kind "scratch"
+        (alive while the step runs) or "table" (for the plan's life)."""
+        try:
+            return self._workspace[(step, kind)]
+        except KeyError:
+            raise GraphError(f"no {kind} memory was planned for step {step}") from None
 
     def locate(self, t: Tensor) -> tuple[Any, int]:
         """(buffer, byte offset of t's root in it); add t.view_offs for t's first element."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..tensor import Tensor
 
@@ -12,7 +13,8 @@ class Step:
     `exports` are the other nodes whose values leave the step (read by later steps, or written
     into a persistent tensor): an epilogue fusion's product, rope and cache writes. `subst` maps
     a source tensor to the tensor the step actually reads instead (an inserted transfer or
-    cast). `inserted` marks steps the planner added."""
+    cast). `inserted` marks steps the planner added. `choice` is the kernel the backend chose
+    for it (`kernel` is its symbol); lowering executes that choice and never re-decides."""
 
     ops: tuple[str, ...]
     nodes: tuple[Tensor, ...]
@@ -21,6 +23,7 @@ class Step:
     inserted: bool = False
     subst: dict[Tensor, Tensor] = field(default_factory=dict)
     exports: tuple[Tensor, ...] = ()
+    choice: Any = None  # the backend's kernel choice (made once, when the plan is made)
 
     @property
     def out(self) -> Tensor:

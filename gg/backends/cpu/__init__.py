@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -11,6 +12,7 @@ from ...buffer import HostBuffer
 from ...dtypes import DType
 from ...errors import OutOfMemoryError
 from ...tensor import Tensor
+from ..base import Patterns
 from .kernels import KERNELS, WRITES_IN_PLACE
 
 
@@ -64,19 +66,34 @@ class _Program:
         host_view(out, mem)[...] = dtypes.encode(values[out], out.dtype)
 
 
+@dataclass(frozen=True)
+class Function:
+    """The CPU's kernel choice: which numpy function(s) run the step (KERNELS, by op)."""
+
+    symbol: str
+
+
 class CPUBackend:
     name = "cpu"
+    # Chains worth one step here: their intermediates stay float32 arrays and are never written
+    # back. A product is one numpy call: grouping it with its neighbours gains nothing.
+    PATTERNS = Patterns(chains=(("rms_norm", "mul", "add"), ("scale", "add", "soft_max"),
+                                ("scale", "diag_mask_inf", "soft_max"), ("rms_norm", "mul")))
 
     def available(self) -> bool:
         return True
 
     def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
-        # A product is one numpy call: running it in a group with its neighbours (the attention
-        # chain, a residual add) gains nothing here, and the plan would hide what it materializes.
         return all(op in KERNELS for op in ops) and (len(ops) == 1 or "mul_mat" not in ops)
 
     def src_dtype(self, node: Tensor, i: int) -> DType | None:
         return None  # every kernel decodes any dtype to float32 itself
+
+    def patterns(self) -> Patterns:
+        return self.PATTERNS
+
+    def choose(self, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs=None) -> Function | None:
+        return Function(self.kernel_name(ops, nodes)) if self.supports(ops, nodes) else None
 
     def kernel_name(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
         out = nodes[-1]

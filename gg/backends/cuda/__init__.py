@@ -1,23 +1,22 @@
 """The CUDA backend: kernels compiled at run time with NVRTC, launched on one stream.
 
-Planning half (`supports`, `src_dtype`, `kernel_name`, `available`) imports nothing from CUDA, so
-a CUDA plan can be built and printed on any machine. The runtime half (`alloc`, `prepare`,
-`synchronize`) imports cuda.bindings on first use.
+What it can run lives in its op families (families/: one module per family owns the plan-time
+check and kernel choice, lowering, catalog and constants). Planning half (`supports`,
+`src_dtype`, `choose`, `patterns`, `available`) imports nothing from CUDA, so a CUDA plan can be
+built and printed on any machine. The runtime half (`alloc`, `prepare`, `synchronize`) imports
+cuda.bindings on first use.
 """
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 from ...dtypes import DType
 from ...errors import BackendError
 from ...tensor import Tensor
-from . import support
+from .. import base
+from . import families
+from .driver import LOCK
 
-# Held around everything that touches the driver (runtime.py) and, by the executor, around each
-# compute of a plan with CUDA steps: gg drives one stream from whichever thread computes, and
-# the driver context is made current in that thread under this lock.
-LOCK = threading.RLock()
 
 
 class CUDABackend:
@@ -50,17 +49,16 @@ class CUDABackend:
         return self._available
 
     def supports(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> bool:
-        return support.supports(tuple(ops), nodes)
+        return families.choose(tuple(ops), nodes) is not None
 
     def src_dtype(self, node: Tensor, i: int) -> DType | None:
-        return support.src_dtype(node, i)
+        return families.src_dtype(node, i)
 
-    def kernel_name(self, ops: tuple[str, ...], nodes: Sequence[Tensor]) -> str:
-        return support.kernel_name(tuple(ops), nodes)
+    def choose(self, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs=None) -> families.Kernel | None:
+        return families.choose(tuple(ops), nodes, srcs or families.node_srcs)
 
-    def inplace_ok(self, *args, **kwargs) -> bool:
-        """Every elementwise kernel reads an element before writing the same element."""
-        return True
+    def patterns(self) -> base.Patterns:
+        return base.Patterns(families.patterns(), families.epilogue_ops())
 
     # ---- running ------------------------------------------------------------------------------
     def _rt(self):

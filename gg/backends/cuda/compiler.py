@@ -131,9 +131,16 @@ def compile_source(src: str, name: str, arch: str, options: tuple[str, ...] = OP
     return cubin
 
 
+def defines(file: str) -> tuple[str, ...]:
+    """-D options for kernels/<file>: the constants its op family shares with the host (defined
+    once, in Python: no .cu mirrors a Python number)."""
+    from .families import defines as family_defines
+    return tuple(f"-D{k}={v}" for k, v in sorted(family_defines(file).items()))
+
+
 def compile_file(file: str, arch: str) -> bytes:
     """CUBIN for kernels/<file> (e.g. "softmax.cu") for `arch`."""
-    return compile_source(source(file), file, arch)
+    return compile_source(source(file), file, arch, options=OPTIONS + defines(file))
 
 
 def _nvrtc_compile(src: str, name: str, arch: str, options: tuple[str, ...], headers: dict[str, str]) -> bytes:

@@ -14,7 +14,7 @@ import numpy as np
 from ...dtypes import BF16, F16, F32
 from ...errors import BackendError
 from ...tensor import Tensor
-from .support import gqa_ratio
+from .families.matmul import gqa_ratio
 
 _CUDA_TYPE = {F32: 0, F16: 2, BF16: 14}   # cudaDataType: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
 _COMPUTE_32F = 68                          # CUBLAS_COMPUTE_32F: fp32 accumulation

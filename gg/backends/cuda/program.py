@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 from ...errors import BackendError
 from .branches import side_steps
 from .launch import bound
-from .lower import lower
-from .runtime import check, cu
+from .families import lower
+from .driver import check, cu
 
 
 class Program:

@@ -5,7 +5,7 @@ importing gg and planning never needs a GPU. Every driver error becomes a `gg.Ba
 says what was being done; an allocation that fails for lack of memory is `gg.OutOfMemoryError`
 with the bytes asked for, and the process stays usable.
 
-Threads: every driver call here runs under `LOCK` (gg.backends.cuda.LOCK, re-entrant) with the
+Threads: every driver call here runs under `LOCK` (driver.py, re-entrant) with the
 context made current in the calling thread first (`Runtime.enter()`), so gg can be used from any
 thread and two threads never interleave on the stream (e.g. during a CUDA graph capture).
 """
@@ -17,25 +17,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError, OutOfMemoryError
-from . import LOCK, compiler
-
-try:  # the runtime half is only imported by code that already checked `available()`
-    from cuda.bindings import driver as cu
-except ImportError:  # pragma: no cover - exercised on machines without cuda-python
-    cu = None
-
-
-def check(result: Any, what: str) -> tuple:
-    """Unpack a cuda.bindings call's (err, *values); raise BackendError naming `what` on failure."""
-    if isinstance(result, tuple):
-        err, rest = result[0], result[1:]
-    else:
-        err, rest = result, ()
-    if int(err) != 0:
-        name = cu.cuGetErrorName(err)[1] if cu is not None else b"?"
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        raise BackendError(f"cuda: {what} failed: {name} ({int(err)})")
-    return rest
+from . import compiler
+from .driver import LOCK, check, cu
+from .staging import Staging
 
 
 class _Release:
@@ -116,7 +100,6 @@ class Runtime:
     def staging(self):
         """The pinned ring small host -> device writes go through (created on first use)."""
         if self._staging is None:
-            from .staging import Staging
             self._staging = Staging(self)
         return self._staging
 

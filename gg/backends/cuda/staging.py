@@ -12,7 +12,7 @@ from collections import deque
 
 import numpy as np
 
-from .runtime import check, cu
+from .driver import check, cu
 
 SIZE = 1 << 20        # ring bytes
 MAX_WRITE = 64 << 10  # larger writes go straight from pageable memory (their staging is amortized)

@@ -26,12 +26,10 @@
 // NaN + -inf would poison the row). A fully masked row gives zeros, like the unfused softmax.
 #include "common.cuh"
 
-#define FA_THREADS 128
+// FA_THREADS, FA_CHUNK (positions per block of the fast builds), FA_MAX_CHUNK, FA_MAX_HD,
+// FA_MAX_SPLITS (chunks per row: flash_combine keeps their weights), FC_THREADS, FC_OUT and the
+// fast builds' list GG_FOR_FA_FAST come from the host (families/attention.py, as -D).
 #define FA_WARPS (FA_THREADS / 32)
-#define FA_CHUNK 64        // positions per block on the fast path (support.py FLASH_FAST_CHUNK)
-#define FA_MAX_CHUNK 256   // support.py FLASH_CHUNKS
-#define FA_MAX_HD 256      // support.py FLASH_MAX_HD
-#define FA_MAX_SPLITS 1024 // support.py FLASH_MAX_SPLITS: chunks per row (flash_combine keeps their weights)
 #define FA_BATCH 16        // chunk results a flash_combine thread loads at once
 
 // Sum acc[0..NH) over an aligned group of W lanes (a power of two >= NH). Reduce-scatter: each
@@ -278,8 +276,6 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 // The chunks of each row (query head of a token) combined: block (row, FC_OUT outputs), threads
 // = FC_OUT outputs x slices of the chunks. A thread issues its o loads first, so they are in
 // flight while the block reads (m, l) and reduces them: the kernel is latency, not bytes.
-#define FC_THREADS 128
-#define FC_OUT 32
 extern "C" __global__ void __launch_bounds__(FC_THREADS)
     flash_combine(char* dst, TDesc d, const float* ws, int S, int hd) {
     gg_grid_sync();
@@ -367,10 +363,9 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping; one
 // generic build per dtype (one query head per block), for the rest. Compile time grows with
 // every variant (this file: ~20 s with NVRTC).
-#define GG_FA_FAST(T, S, NH) GG_FA(T, S, NH, 64, flash_attn_##S##_h##NH##_d64) GG_FA(T, S, NH, 128, flash_attn_##S##_h##NH##_d128)
-#define GG_FA_H(T, S) GG_FA_FAST(T, S, 1) GG_FA_FAST(T, S, 2) GG_FA_FAST(T, S, 4) GG_FA_FAST(T, S, 8)
+#define GG_FA_FAST(NH, HD, T, S) GG_FA(T, S, NH, HD, flash_attn_##S##_h##NH##_d##HD)
 GG_FA(float, f32, 1, 0, flash_attn_f32_h1)
 GG_FA(f16, f16, 1, 0, flash_attn_f16_h1)
 GG_FA(bf16, bf16, 1, 0, flash_attn_bf16_h1)
-GG_FA_H(f16, f16)
-GG_FA_H(bf16, bf16)
+GG_FOR_FA_FAST(GG_FA_FAST, f16, f16)
+GG_FOR_FA_FAST(GG_FA_FAST, bf16, bf16)

@@ -15,9 +15,9 @@ struct TDesc {
 struct f16 { u16 x; };
 struct bf16 { u16 x; };
 
-// Runtime dtype codes (same numbering as gg/backends/cuda/support.py DT_CODES) for secondary
-// operands (weights of a fused norm, masks) where a template per combination would be wasteful.
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3 };
+// Runtime dtype codes DT_F32, DT_F16, DT_BF16, DT_I32 for secondary operands (weights of a fused
+// norm, masks) where a template per combination would be wasteful: defined by the host
+// (families/common.py DT_CODES, passed to NVRTC as -D), like every constant host and kernel share.
 
 __device__ __forceinline__ float h2f(u16 h) {
     float f;

@@ -80,7 +80,7 @@ GG_CPY(float, i32, float, i32, true)
 // a stride per element; here a block moves a 32 x 32 tile of (dim 0, dim 1) through shared
 // memory, so both sides are read and written along their contiguous dim. Block (32, 8); grid
 // (tiles along dim 0, tiles along dim 1, ne2 * ne3).
-#define CPY_TILE 32
+// CPY_TILE (families/copy.py TILE) comes from the host as -D.
 
 template <class TS, class TD>
 __device__ __forceinline__ void cpy_t_impl(char* dst, const TDesc& d, const char* s, const TDesc& sd) {

@@ -13,8 +13,8 @@
 // fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
 // `r` (F32, dst's shape, or null) is added to the result: the fused mul_mat -> add of a residual
 // connection, one launch and one pass over dst less.
-#define MMV_NMAX 8
-#define MMV_BATCH 4  // lower.py MMV_BATCH
+// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_NORM_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
+// host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
 __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
@@ -90,9 +90,7 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // machine even on a short wave of rows. `pre` (no batches): the block's weight row is requested
 // into L2 before the wait for the predecessor (the decode step's wo, behind the latency-bound
 // flash_combine: wo's step 13.3 -> 12.3 us inside the replayed graph on the H100).
-#define MMVW_THREADS 256  // lower.py MMVW_THREADS
 #define MMVW_BATCH 2
-#define MMVW_NORM_ROWS 2  // lower.py MMVW_NORM_ROWS
 
 //
 // NORM (the planner's rms_norm -> mul -> mul_mat, a decode step's normalized input): b is the raw
@@ -122,7 +120,7 @@ struct MvEpi {
     i64 lo, n, hd, n_dims;
     int* err;
     i64 code;
-    MvScatter s[2];  // lower.py MV_SCATTERS
+    MvScatter s[MV_SCATTERS];
 };
 
 // The inputs of row m's epilogue (position, frequency, cache rows), all requested at once before
@@ -282,8 +280,6 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
 // ---- tiled GEMM for everything else without cuBLAS (attention products on strided cache
 // views, GQA, or no nvmath): 64x64 output tile per block of 256 threads, 4x4 per thread, K in
 // steps of 16 through shared memory, fp32 accumulation.
-#define MM_BM 64
-#define MM_BN 64
 #define MM_BK 16
 
 template <class TA, class TB>

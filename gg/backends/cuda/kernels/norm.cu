@@ -221,11 +221,10 @@ __device__ __forceinline__ void norm_impl(char* dst, const TDesc& d, const char*
     }                                                                                                \
     GG_NORM_REGS(NAME, RMS, T, S, T, S)
 
-// (threads, chunks of 8 per thread): support.py NORM_REG_BUILDS
-#define GG_NORM_REGS(NAME, RMS, T, S, TD, SD)                                                             \
-    GG_NORM_REG(NAME, RMS, T, S, TD, SD, 32, 4)                                                           \
-    GG_NORM_REG(NAME, RMS, T, S, TD, SD, 256, 2) GG_NORM_REG(NAME, RMS, T, S, TD, SD, 512, 4)
-#define GG_NORM_REG(NAME, RMS, T, S, TD, SD, THREADS, CHUNKS)                                              \
+// The register builds, (threads, chunks of 8 per thread) each: GG_FOR_NORM_REG_BUILDS comes from the
+// host (families/norm.py REG_BUILDS, as -D).
+#define GG_NORM_REGS(NAME, RMS, T, S, TD, SD) GG_FOR_NORM_REG_BUILDS(GG_NORM_REG, NAME, RMS, T, S, TD, SD)
+#define GG_NORM_REG(THREADS, CHUNKS, NAME, RMS, T, S, TD, SD)                                              \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                  \
         NAME##_reg##THREADS##_##S##_##SD(char* dst, TDesc d, const char* x, TDesc xd, float eps,         \
                                          const char* w, TDesc wd, const char* c, TDesc cd) {              \

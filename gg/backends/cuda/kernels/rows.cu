@@ -40,7 +40,8 @@ GG_GET_ROWS(f16, f16, false)
 GG_GET_ROWS(bf16, bf16, false)
 GG_GET_ROWS(float, i32, true)
 
-#define SET_ROWS_AHEAD 4  // launch.py ROW_ITEMS_PER_THREAD: all of a thread's elements, usually
+// SET_ROWS_AHEAD (launch.py ROW_ITEMS_PER_THREAD: all of a thread's elements, usually) comes from
+// the host as -D.
 
 // set_rows: for each row (i1, i2, i3) of src b, dst row idx[i1, i2 % id.ne1, i3 % id.ne2] of plane
 // (i2, i3) gets it. dst is the (view of the) destination tensor itself.

@@ -190,7 +190,7 @@ __device__ __forceinline__ void soft_max_reg(char* dst, const TDesc& d, const ch
         gg_grid_sync();                                                                                       \
         soft_max_smem<TD>(dst, d, x, xd, m, md, mdt, cx, post, n_past, max_bias, m0, m1, n_head_log2, cache); \
     }                                                                                                        \
-    GG_SOFTMAX_REG(4, TD, S) GG_SOFTMAX_REG(8, TD, S) GG_SOFTMAX_REG(16, TD, S) GG_SOFTMAX_REG(32, TD, S)
+    GG_FOR_SOFTMAX_NPT(GG_SOFTMAX_REG, TD, S)  /* values per thread: families/softmax.py NPT, as -D */
 GG_SOFTMAX(float, f32)
 GG_SOFTMAX(f16, f16)
 GG_SOFTMAX(bf16, bf16)

@@ -1,0 +1,133 @@
+"""Attention of a few query tokens over a KV cache, K·q -> [scale -> mask] -> softmax -> ·V, as one
+flash-decoding kernel plus a combine (kernels/attn.cu). Fast builds (F16/BF16 caches of head size
+64 or 128, several query heads per block) stage K/V tiles in shared memory; a generic build
+covers the rest."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Sequence
+
+import numpy as np
+
+from ....dtypes import BF16, F16, F32
+from ....tensor import Tensor
+from .. import launch
+from ..launch import Args, Launch, scratch
+from .common import (FLOATS, FLOAT_NAMES, GRID_YZ_MAX, Kernel, Srcs, Variant, code, node_srcs, rows_aligned)
+
+PATTERNS = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
+            ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
+            ("mul_mat", "soft_max", "mul_mat"))
+MAX_T = 8                 # query tokens up to this (decode); prefill keeps cuBLAS + softmax
+MAX_HD = 256
+CHUNKS = (256, 128, 64)   # positions per block of the generic build, largest first
+MAX_SPLITS = 1024         # chunks per row (the combine keeps their weights in shared memory)
+HEADS = (8, 4, 2, 1)      # query heads per block of the fast builds
+FAST_HD = (64, 128)       # head sizes with a fast build, for these cache dtypes:
+FAST_DTYPES = (F16, BF16)
+FAST_CHUNK = 64
+THREADS = 128
+COMBINE_THREADS, COMBINE_OUT = 128, 32
+BLOCKS_PER_SM = 4
+DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_CHUNK": FAST_CHUNK, "FA_MAX_CHUNK": CHUNKS[0],
+                       "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
+                       "FC_OUT": COMBINE_OUT,
+                       "GG_FOR_FA_FAST(X, ...)": " ".join(f"X({nh}, {hd}, __VA_ARGS__)"
+                                                          for nh, hd in product(HEADS, FAST_HD))}}
+
+
+@dataclass(frozen=True)
+class FlashKernel(Kernel):
+    fast: bool
+    heads: int   # query heads per block (fast builds)
+    chunk: int   # positions per block (fast builds; the generic build picks one for the device's SMs)
+
+
+def claims(ops: tuple[str, ...]) -> bool:
+    return ops in PATTERNS
+
+
+def parts(nodes: Sequence[Tensor], srcs: Srcs = node_srcs):
+    """(k, q, v, mask, cx, post, n_past): scores are post * (cx * K·q + mask), n_past >= 0 for
+    diag_mask_inf."""
+    kq, *mid, kqv = nodes
+    sm = mid[-1]
+    (k, q), v = srcs(kq), srcs(kqv)[0]
+    if len(mid) == 1:  # soft_max_ext(kq, mask, scale)
+        return k, q, v, (srcs(sm)[1] if len(sm.src) > 1 else None), sm.params.scale, 1.0, -1
+    scale, masking = mid[0], mid[1]  # scale -> add(mask) | diag_mask_inf -> soft_max
+    if masking.op == "add":
+        return k, q, v, srcs(masking)[1], scale.params.s, sm.params.scale, -1
+    return k, q, v, None, scale.params.s, sm.params.scale, masking.params.n_past
+
+
+def heads_per_block(n_head: int, n_head_kv: int) -> int:
+    """The most query heads (of HEADS) that share one K/V head."""
+    return next(nh for nh in HEADS if (n_head // n_head_kv) % nh == 0)
+
+
+def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs) -> FlashKernel | None:
+    _, *mid, kqv = nodes
+    sm = mid[-1]
+    k, q, v, mask, *_ = parts(nodes, srcs)
+    if srcs(kqv)[1] is not sm or any(srcs(n)[0] is not prev for prev, n in zip(nodes, mid)):
+        return None
+    if any(n.dtype is not F32 for n in mid) or (len(mid) > 1 and len(sm.src) > 1):
+        return None  # F32 scores; the chain's mask is the add's, the softmax has none of its own
+    if mid[0].op == "soft_max" and mask is not None and mask.dtype not in (F32, F16):
+        return None
+    hd, n_kv = k.ne[0], k.ne[1]
+    if (q.dtype is not F32 or k.dtype not in FLOATS or v.dtype is not k.dtype or kqv.dtype is not F32
+            or q.ne[1] > MAX_T or hd > MAX_HD or v.ne[:2] != (n_kv, hd) or v.ne[2:] != k.ne[2:]
+            or -(-n_kv // CHUNKS[0]) > MAX_SPLITS or sm.params.max_bias != 0.0
+            or kqv.ne[2] * kqv.ne[3] * q.ne[1] > GRID_YZ_MAX):
+        return None
+    if mask is not None and (mask.dtype not in (F32, F16) or mask.ne[0] != n_kv):
+        return None
+    rows = kqv.ne[2] * kqv.ne[1] * kqv.ne[3]
+    fast_splits = -(-n_kv // FAST_CHUNK)
+    if (k.dtype in FAST_DTYPES and hd in FAST_HD and rows_aligned(k) and rows_aligned(v)
+            and fast_splits <= MAX_SPLITS):
+        nh = heads_per_block(kqv.ne[2], k.ne[2])
+        return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}", True, nh, FAST_CHUNK,
+                           scratch=4 * rows * fast_splits * (2 + hd))
+    fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
+    most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
+    return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, scratch=4 * rows * most * (2 + hd))
+
+
+def lower(rt, step, kern: FlashKernel, what: str) -> list:
+    k, q, v, mask, cx, post, n_past = parts(step.nodes, step.srcs)
+    out = step.out
+    hd, n_kv = k.ne[0], k.ne[1]
+    tokens = out.ne[1] * out.ne[3]
+    if kern.fast:
+        chunk, smem = kern.chunk, 2 * kern.chunk * hd * k.dtype.size
+    else:  # the largest chunk that still gives every SM a few blocks
+        fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
+        want = BLOCKS_PER_SM * rt.sm_count
+        chunk, smem = next((c for c in fits if -(-n_kv // c) * out.ne[2] * tokens >= want), fits[-1]), 0
+    splits = -(-n_kv // chunk)
+    ws = scratch(step)  # (m, l) and o of every chunk of every row
+    args = Args().tensor(out).tensor(q).tensor(k).tensor(v)
+    if mask is not None:
+        args.tensor(mask).i32(code(mask))
+    else:
+        args.none().i32(0)
+    args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk),
+                np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]),
+                np.int32(launch.L2_PREFETCH and kern.fast))
+    args.ptr(ws)
+    chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,
+                    smem=smem, what=what)
+    combine = Launch(rt, kern.file, "flash_combine", (out.ne[2] * tokens, -(-hd // COMBINE_OUT), 1),
+                     (COMBINE_THREADS, 1, 1), Args().tensor(out).ptr(ws).i32(splits).i32(hd), what=what)
+    return [chunks, combine]
+
+
+def variants() -> list[Variant]:
+    v = [Variant("attn.cu", "flash_combine")]
+    v += [Variant("attn.cu", f"flash_attn_{t}_h1") for t in FLOAT_NAMES]
+    v += [Variant("attn.cu", f"flash_attn_{t.name}_h{nh}_d{hd}") for t, nh, hd in product(FAST_DTYPES, HEADS, FAST_HD)]
+    return v

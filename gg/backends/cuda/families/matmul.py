@@ -1,0 +1,315 @@
+"""Products: mul_mat (kernels/mul_mat.cu mat-vec builds and tiled kernel, cuBLAS for large GEMMs),
+a residual added by the mat-vec (`mul_mat+add`), a one-token input normalized by the wide mat-vec
+that reads it (`rms_norm+mul+mul_mat`), and that product's epilogue: the rope and KV-cache writes
+of a decode step done as its rows are finished (the planner's epilogue fusion)."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import product
+from typing import Sequence
+
+from ....dtypes import DType, F32, I32
+from ....ops.rope import ROPE_NORMAL
+from ....tensor import Tensor
+from .. import launch
+from ..launch import Args, Launch, addr, error_code, table
+from . import rope as rope_family
+from .common import (FLOAT_NAMES, GRID_X_MAX, GRID_YZ_MAX, Kernel, Srcs, Variant, code, floats, node_srcs,
+                     rows, rows_aligned)
+
+NORM_MATVEC = ("rms_norm", "mul", "mul_mat")
+PATTERNS = (("mul_mat", "add"), NORM_MATVEC)
+EPILOGUE_OPS = ("rope", "set_rows")  # one-node steps the normalizing mat-vec's epilogue can take over
+MV_SCATTERS = 2          # set_rows an epilogue takes (kernels/mul_mat.cu MvEpi.s)
+MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec builds (decode)
+MMV_BLOCK = 128          # threads per mat-vec block
+MMV_BATCH = 4            # 16-byte loads a thread of the one-column build issues before using them
+MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
+MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
+CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
+TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
+DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
+                          "MMVW_NORM_ROWS": MMVW_NORM_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
+                          "MM_BN": TILE}}
+
+
+@dataclass(frozen=True)
+class MatVec(Kernel):
+    """A mat-vec build: `wide` (a block per row, mul_mat_vecw*), else `tpr` threads per row."""
+
+    wide: bool
+    vec: bool  # 16-byte loads of a and b
+    tpr: int
+
+
+@dataclass(frozen=True)
+class Epilogue(Kernel):
+    """The normalizing mat-vec, with (rope, scatters) its epilogue does, decided at plan time:
+    rope = (lo, n, head_dim, n_dims) over product rows; a scatter = (roped, lo, n, per, nrows)."""
+
+    rope: tuple[int, int, int, int] | None
+    scatters: tuple[tuple[int, int, int, int, int], ...]
+
+
+@lru_cache(maxsize=None)
+def have_cublas() -> bool:
+    """nvmath-python is importable (checked without importing it: planning stays light)."""
+    try:
+        return importlib.util.find_spec("nvmath") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def claims(ops: tuple[str, ...]) -> bool:
+    return ops in (("mul_mat",), ("mul_mat", "add")) or ops[:3] == NORM_MATVEC
+
+
+# ---- which path ----------------------------------------------------------------------------------
+def _batch_stride(t: Tensor) -> int | None:
+    """Element stride between consecutive (i2, i3) matrices when dims 2 and 3 collapse into one
+    uniform batch dimension, else None."""
+    if t.ne[2] * t.ne[3] == 1:
+        return 0
+    if t.ne[3] == 1 or t.nb[3] == t.nb[2] * t.ne[2]:
+        return t.nb[2] // t.dtype.size if t.nb[2] % t.dtype.size == 0 else None
+    return None
+
+
+def _gemm_ok(t: Tensor) -> bool:
+    """cuBLAS reads t as a column-major K x rows matrix: contiguous rows, row stride in elements."""
+    return t.nb[0] == t.dtype.size and t.nb[1] % t.dtype.size == 0 and t.nb[1] // t.dtype.size >= t.ne[0]
+
+
+def gqa_ratio(a: Tensor, b: Tensor) -> int:
+    """How many consecutive heads of b (dim 2) each matrix of a serves: b.ne[2] // a.ne[2] when a
+    is broadcast by division (GQA), else 1 (a single matrix of a is broadcast with stride 0)."""
+    return b.ne[2] // a.ne[2] if a.ne[2] * a.ne[3] != 1 else 1
+
+
+def path(node: Tensor, a: Tensor, b: Tensor) -> str:
+    """"vec", "cublas" or "tiled". A b of the wrong dtype for cuBLAS is judged as the contiguous
+    cast the planner inserts (src_dtype), so the choice is the same before and after insertion."""
+    if b.ne[1] <= MMV_MAX_N:
+        return "vec"
+    if not have_cublas():
+        return "tiled"
+    if b.dtype is not a.dtype:
+        b_gemm, b_batch, b_ld = True, 0 if b.ne[2] * b.ne[3] == 1 else b.ne[0] * b.ne[1], b.ne[0]
+    else:
+        b_gemm, b_batch, b_ld = _gemm_ok(b), _batch_stride(b), b.nb[1] // b.dtype.size
+    a_batch = _batch_stride(a)
+    flops = 2 * node.ne[0] * node.ne[1] * a.ne[0] * node.ne[2] * node.ne[3]
+    if (not _gemm_ok(a) or not b_gemm or a_batch is None or b_batch is None or flops < CUBLAS_MIN_FLOPS
+            or node.ne[2] * node.ne[3] > GRID_YZ_MAX):
+        return "tiled"
+    # GQA: a's matrix g serves b's heads g*r .. g*r+r-1; cuBLAS folds them into one GEMM with
+    # N*r columns, which needs b's head stride to be N columns (always so for a planner cast).
+    r = gqa_ratio(a, b)
+    if a.ne[2] * a.ne[3] != 1 and (a.ne[3] != b.ne[3] or (r > 1 and b_batch != b.ne[1] * b_ld)):
+        return "tiled"  # a broadcast over dim 3, or b's heads not one K x (N*r) matrix per matrix of a
+    if max(a.ne[0], a.ne[1], b.ne[1] * r, a.nb[1] // a.dtype.size, b_ld) >= 2 ** 31:
+        return "tiled"
+    return "cublas"
+
+
+def src_dtype(node: Tensor, i: int) -> DType | None:
+    """cuBLAS multiplies operands of one dtype: b is cast to a's."""
+    if node.op == "mul_mat" and i == 1:
+        a, b = node.src
+        if path(node, a, b) == "cublas" and b.dtype is not a.dtype:
+            return a.dtype
+    return None
+
+
+def wide(a: Tensor, b: Tensor) -> bool:
+    """W·b on the wide mat-vec (a block per row of W): one column of b, rows of both 16-byte
+    accessible, K a multiple of 8 and long enough to give every thread of the block a load."""
+    return (b.ne[1] == 1 and a.ne[0] % 8 == 0 and a.ne[0] // (16 // a.dtype.size) >= MMVW_THREADS
+            and rows_aligned(a) and rows_aligned(b))
+
+
+def threads_per_row(work: int, batch: int) -> int:
+    """Threads sharing one mat-vec row: enough that each has about `batch` (at least 2) of the
+    row's `work` loads (8-element chunks, or elements), at most a warp, at least 4 (a power of
+    two, so a row never straddles two warps)."""
+    t = 4
+    while t < 32 and t * max(batch, 2) < work:
+        t *= 2
+    return t
+
+
+def _product_ok(mm: Tensor) -> bool:
+    a, b = mm.src
+    return (floats(a, b) and mm.dtype is F32 and mm.ne[2] * mm.ne[3] <= GRID_YZ_MAX and rows(mm) <= GRID_X_MAX
+            and (mm.ne[0] + TILE - 1) // TILE <= GRID_X_MAX and (mm.ne[1] + TILE - 1) // TILE <= GRID_YZ_MAX)
+
+
+def _matvec(mm: Tensor, a: Tensor, b: Tensor) -> MatVec:
+    vec = a.ne[0] % 8 == 0 and rows_aligned(a) and rows_aligned(b)
+    if vec and wide(a, b):  # long rows (weights): a block per row, every thread's loads in flight
+        return MatVec("mul_mat.cu", f"mul_mat_vecw_{a.dtype.name}_{b.dtype.name}", True, True, MMVW_THREADS)
+    one = mm.ne[1] == 1
+    tpr = threads_per_row(a.ne[0] // 8 if vec else a.ne[0], MMV_BATCH if one else 1)
+    return MatVec("mul_mat.cu", f"mul_mat_vec{'1' if one else ''}_{a.dtype.name}_{b.dtype.name}", False, vec, tpr)
+
+
+# ---- plan time: check and choose -----------------------------------------------------------------
+def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs) -> Kernel | None:
+    if ops[:3] == NORM_MATVEC:
+        return _choose_norm(nodes, srcs)
+    mm = nodes[0]
+    if not _product_ok(mm):
+        return None
+    a, b = srcs(mm)
+    p = path(mm, a, b)
+    if ops == ("mul_mat", "add"):  # a residual added by the mat-vec as it writes
+        add = nodes[1]
+        if p != "vec" or srcs(add)[0] is not mm or len(set(add.src)) != 2:
+            return None
+        r = srcs(add)[1]
+        return _matvec(mm, a, b) if r.dtype is F32 and r.ne == add.ne and add.dtype is F32 else None
+    if p == "vec":
+        return _matvec(mm, a, b)
+    if p == "cublas":
+        return Kernel("cublas", "cublas_gemm_batched" if mm.ne[2] * mm.ne[3] > 1 else "cublas_gemm")
+    return Kernel("mul_mat.cu", f"mul_mat_tiled_{a.dtype.name}_{b.dtype.name}")
+
+
+def _norm_head_ok(nodes: Sequence[Tensor], srcs: Srcs) -> bool:
+    """rms_norm(x) * w -> W·h in one wide mat-vec: h is one F32 row (a decode step's token), w a
+    full F32 row, and W·h takes the wide path. Every block then computes sum(x^2) of the row it
+    reads anyway, so the normalization costs no launch and no pass of its own."""
+    rn, mul, mm = nodes[:3]
+    x, w = srcs(rn)[0], srcs(mul)[1]
+    a = srcs(mm)[0]
+    if srcs(mul)[0] is not rn or srcs(mm)[1] is not mul or not _product_ok(mm):
+        return False
+    if not (floats(rn, x) and rn.dtype is x.dtype and mul.dtype is rn.dtype):
+        return False
+    return (x.dtype is F32 and x.ne[1:] == (1, 1, 1) and rows_aligned(x) and w.dtype is F32 and w.ne == x.ne
+            and rows_aligned(w) and mm.ne[2:] == (1, 1) and wide(a, x) and path(mm, a, mul) == "vec")
+
+
+def _rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
+    """t as the contiguous elements [lo, lo + n) of root (a contiguous one-column product or
+    rope), or None."""
+    if t.root is not root or t.dtype is not root.dtype or not t.is_contiguous() or t.view_offs % t.dtype.size:
+        return None
+    return t.view_offs // t.dtype.size, t.nelements
+
+
+def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int] | None:
+    """(lo, n, head_dim, n_dims) of a rope the epilogue can do: NORMAL mode (a rotated pair is a
+    block's two rows) over F32 rows [lo, lo + n) of the product, lo and head_dim even."""
+    x, pos = srcs(rope)
+    found = _rows_of(x, mm)
+    p = rope.params
+    if (found is None or p.mode != ROPE_NORMAL or rope.dtype is not F32 or not rope.is_contiguous()
+            or pos.dtype is not I32):
+        return None
+    lo, n = found
+    hd = x.ne[0]
+    if lo % 2 or hd % 2 or p.n_dims % 2 or x.ne[2] * x.ne[3] != 1:
+        return None
+    return lo, n, hd, p.n_dims
+
+
+def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
+                 srcs: Srcs) -> tuple[int, int, int, int, int] | None:
+    """(roped, lo, n, per, nrows) of a set_rows the epilogue can do: its source is product rows
+    [lo, lo + n) (or the rope's), contiguous, rows of `per` elements, one contiguous I32 index per
+    row, into nrows rows of a float destination (one plane)."""
+    dst, b, idx = srcs(node)
+    roped = rope is not None and b.root is rope
+    found = _rows_of(b, rope if roped else mm)
+    if (found is None or not floats(dst, b) or idx.dtype is not I32 or node.dtype is not dst.dtype
+            or b.ne[2] * b.ne[3] != 1 or dst.ne[2] * dst.ne[3] != 1 or idx.nb[0] != idx.dtype.size
+            or dst.ne[0] * dst.ne[1] > 2 ** 31 - 1):
+        return None
+    lo, n = found
+    return int(roped), lo + (rope_lo if roped else 0), n, b.ne[0], dst.ne[1]
+
+
+def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+    if len(nodes) < 3 or not _norm_head_ok(nodes, srcs):
+        return None
+    mm, tail = nodes[2], nodes[3:]
+    a = srcs(mm)[0]
+    if not tail:
+        return Kernel("mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32")
+    ropes = [n for n in tail if n.op == "rope"]
+    scatters = [n for n in tail if n.op == "set_rows"]
+    if (len(ropes) > 1 or len(scatters) > MV_SCATTERS or len(ropes) + len(scatters) != len(tail)
+            or mm.ne[1:] != (1, 1, 1)):
+        return None
+    rope = ropes[0] if ropes else None
+    epi_rope = _epi_rope(mm, rope, srcs) if rope is not None else None
+    if rope is not None and epi_rope is None:
+        return None
+    found = [_epi_scatter(mm, rope, epi_rope[0] if epi_rope else 0, s, srcs) for s in scatters]
+    if any(f is None for f in found):
+        return None
+    return Epilogue("mul_mat.cu", f"mul_mat_vecw_norm_epi_{a.dtype.name}_f32", epi_rope, tuple(found),  # type: ignore[arg-type]
+                    table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
+
+
+# ---- prepare time: launch records ----------------------------------------------------------------
+def lower(rt, step, k: Kernel, what: str) -> list:
+    if step.ops[:3] == NORM_MATVEC:
+        return [_lower_norm(rt, step, k, what)]
+    out, mm = step.out, step.nodes[0]  # out is the add of a fused mul_mat -> add
+    a, b = step.srcs(mm)
+    if k.file == "cublas":
+        from ..cublas import Gemm
+        return [Gemm(rt, what, out, a, b, addr)]
+    args = Args().tensor(out).tensor(a).tensor(b)
+    batches = out.ne[2] * out.ne[3]
+    if not isinstance(k, MatVec):
+        grid = ((out.ne[0] + TILE - 1) // TILE, (out.ne[1] + TILE - 1) // TILE, batches)
+        return [Launch(rt, k.file, k.symbol, grid, (256, 1, 1), args, what=what)]
+    if len(step.nodes) > 1:
+        args.tensor(step.srcs(out)[1])
+    else:
+        args.none()
+    if k.wide:
+        args.i32(int(launch.L2_PREFETCH and batches == 1))  # the weight row into L2 before the wait
+        return [Launch(rt, k.file, k.symbol, (out.ne[0], batches, 1), (MMVW_THREADS, 1, 1), args, what=what)]
+    args.i32(int(k.vec))
+    per_block = MMV_BLOCK // k.tpr
+    grid = ((out.ne[0] + per_block - 1) // per_block, batches, 1)
+    return [Launch(rt, k.file, k.symbol, grid, (k.tpr, per_block, 1), args, what=what)]
+
+
+def _lower_norm(rt, step, k: Kernel, what: str) -> Launch:
+    rn, mul, mm, *tail = step.nodes
+    (x,), (_, w), (a, _) = step.srcs(rn), step.srcs(mul), step.srcs(mm)
+    # The product's own memory: written where a later step reads it (always without an epilogue).
+    raw = addr(mm) if not tail or mm in step.exports else 0
+    args = Args().ptr(raw).desc(mm.ne, mm.nb).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
+    grid = (-(-mm.ne[0] // MMVW_NORM_ROWS), 1, 1)
+    if not isinstance(k, Epilogue):
+        return Launch(rt, k.file, k.symbol, grid, (MMVW_THREADS, 1, 1), args, what=what)
+    rope = next((n for n in tail if n.op == "rope"), None)
+    if rope is not None:
+        lo, n, hd, n_dims = k.rope  # type: ignore[misc]
+        freqs = table(step, rope_family.frequencies(rope.params))
+        words = [addr(rope), addr(step.srcs(rope)[1]), freqs, lo, n, hd, n_dims]
+    else:  # no rope (head size 1: the kernel's modulo never divides by zero)
+        words = [0, 0, 0, 0, 0, 1, 0]
+    words += [rt.err_word.ptr, error_code(rt, what)]
+    scatters = [n for n in tail if n.op == "set_rows"]
+    for s, (roped, lo, n, per, nrows) in zip(scatters, k.scatters):
+        words += [addr(s), addr(step.srcs(s)[2]), lo, n, per, roped, code(s), nrows, s.nb[0], s.nb[1]]
+    words += [0] * 10 * (MV_SCATTERS - len(scatters))
+    return Launch(rt, k.file, k.symbol, grid, (MMVW_THREADS, 1, 1), args.words(*words), what=what)
+
+
+def variants() -> list[Variant]:
+    v = [Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}")
+         for kind, a, b in product(("vec1", "vec", "vecw", "tiled"), FLOAT_NAMES, FLOAT_NAMES)]
+    for a in FLOAT_NAMES:
+        v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_{a}_f32"))
+        v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_epi_{a}_f32"))
+    return v
