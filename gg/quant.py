@@ -202,6 +202,8 @@ def dequantize(raw, dtype: DType) -> np.ndarray:
     """
     if isinstance(raw, (bytes, bytearray, memoryview)):
         raw = np.frombuffer(raw, dtype=np.uint8)
+    if isinstance(raw, np.generic):
+        raw = np.asarray(raw)
     if not isinstance(raw, np.ndarray):
         raise DTypeError(f"dequantize: raw must be a uint8 numpy array or bytes, not {type(raw).__name__}")
     if raw.dtype != np.uint8:
