@@ -112,6 +112,12 @@ def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> A
     guard = _align(guard) if guard > 0 else 0
     blocks: dict[Tensor, Block] = {}  # tensor -> the block holding it
     workspace: dict = {}
+    for s in steps:  # tables live as long as the plan: taken before any step writes anything
+        nbytes = getattr(s.choice, "table", 0)
+        if nbytes:
+            arena = arenas.setdefault(s.backend, Arena(s.backend))
+            naive[s.backend] = naive.get(s.backend, 0) + _align(nbytes)
+            workspace[(s, "table")] = (s.backend, arena.take(nbytes))
     for i, s in enumerate(steps):
         made = [t for t in s.outs if t in mine]
         for out in made:
@@ -134,14 +140,12 @@ def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> A
                 blocks[out] = Block(s.backend, off, _size(out), i, len(steps) - 1, [(i, out)])
             if out not in last_use and out not in keep:
                 last_use[out] = i  # never read: free right away
-        for kind in ("table", "scratch"):
-            nbytes = getattr(s.choice, kind, 0)
-            if nbytes:
-                arena = arenas.setdefault(s.backend, Arena(s.backend))
-                naive[s.backend] = naive.get(s.backend, 0) + _align(nbytes)
-                workspace[(s, kind)] = (s.backend, arena.take(nbytes))
-        if (s, "scratch") in workspace:  # free again once the step ran
-            arenas[s.backend].give(workspace[(s, "scratch")][1], s.choice.scratch)
+        nbytes = getattr(s.choice, "scratch", 0)
+        if nbytes:  # taken while the step runs, free again right after
+            arena = arenas.setdefault(s.backend, Arena(s.backend))
+            naive[s.backend] = naive.get(s.backend, 0) + _align(nbytes)
+            workspace[(s, "scratch")] = (s.backend, arena.take(nbytes))
+            arena.give(workspace[(s, "scratch")][1], nbytes)
         for t in {t.root for t in s.inputs} | set(made):
             if t in mine and t not in keep and last_use.get(t) == i:
                 be, off = offsets[t]
