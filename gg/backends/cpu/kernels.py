@@ -160,3 +160,9 @@ def cpy(node: Tensor, a: np.ndarray, dst: np.ndarray) -> np.ndarray:
 @kernel("cont", "cast", "transfer")
 def copy(node: Tensor, a: np.ndarray) -> np.ndarray:
     return a
+
+
+@kernel("argmax")
+def argmax(node: Tensor, a: np.ndarray) -> np.ndarray:
+    """Row maxima's first index; np.argmax lets a NaN win, as the op's contract says."""
+    return np.argmax(a, axis=-1).astype(np.int32)[..., None]
