@@ -26,7 +26,7 @@ def _span(t: Tensor) -> tuple[int, int]:
 def _scratch(step) -> list[tuple[int, int]]:
     """The step's planned scratch bytes (arena memory other steps' tensors use before and after
     it): written by the step like its outputs."""
-    nbytes = getattr(step.choice, "scratch", 0)
+    nbytes = getattr(getattr(step, "choice", None), "scratch", 0)
     return [(scratch(step), scratch(step) + nbytes)] if nbytes else []
 
 
