@@ -260,8 +260,9 @@ def quantize(x, dtype: DType) -> np.ndarray:
                       "(replace them, e.g. with np.nan_to_num, before quantizing)")
     blocks = x.reshape(-1, dtype.block_size)
     out = np.empty((blocks.shape[0], dtype.size), np.uint8)
-    # Finite inputs can still overflow (an F16 scale, hi - lo) or meet 1/d = inf for a tiny scale:
-    # ggml's results there are the defined ones this reproduces, so numpy need not warn.
+    # Finite inputs can still overflow (an F16 scale, hi - lo) or meet 1/d = inf for a tiny scale
+    # (whose F16 scale is then 0: the block decodes to zeros whatever its q). The same numpy
+    # operations and casts as gguf's give its bits there too; the warnings would only be noise.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         _blockwise(blocks, _ENCODERS[dtype], out)
     return out.reshape(x.shape[:-1] + (x.shape[-1] // dtype.block_size * dtype.size,))
