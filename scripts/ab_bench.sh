@@ -5,7 +5,7 @@
 #   bash scripts/ab_bench.sh .ab/base        (ROUNDS=2; OUT collects the logs)
 set -u
 cd "$(dirname "$0")/.."
-BASE=$1
+BASE=$(cd "$1" && pwd)
 OUT=${OUT:-/tmp/gg-ab}
 mkdir -p "$OUT"
 . scripts/gpu_env.sh
