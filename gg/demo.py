@@ -24,15 +24,16 @@ class NumpyModel:
         self.cfg, self.layers = cfg, layers
         kv = {"f16": np.float16, "f32": np.float32}.get(cfg.kv_type.name)
         self.kv_round = (lambda a: a.astype(kv).astype(np.float64)) if kv else self._bf16
-        shape = (cfg.n_layer, cfg.n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self.n_head_kv = cfg.n_head_kv or cfg.n_head  # Config fills None in with n_head
+        shape = (cfg.n_layer, cfg.n_ctx, self.n_head_kv, cfg.head_dim)
         self.k, self.v = np.zeros(shape), np.zeros(shape)
         self.n_past = 0
 
     @staticmethod
     def _bf16(a: np.ndarray) -> np.ndarray:
         bits = a.astype(np.float32).view(np.uint32)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
-        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
 
     def _rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         c = self.cfg
@@ -59,9 +60,9 @@ class NumpyModel:
         for il, w in enumerate(self.layers):
             h = norm(x, w["attn_norm"])
             q = self._rope((h @ w["wq"].T).reshape(T, c.n_head, d), pos)
-            self.k[il, p0:n_kv] = self.kv_round(self._rope((h @ w["wk"].T).reshape(T, c.n_head_kv, d), pos))
-            self.v[il, p0:n_kv] = self.kv_round((h @ w["wv"].T).reshape(T, c.n_head_kv, d))
-            group = c.n_head // c.n_head_kv
+            self.k[il, p0:n_kv] = self.kv_round(self._rope((h @ w["wk"].T).reshape(T, self.n_head_kv, d), pos))
+            self.v[il, p0:n_kv] = self.kv_round((h @ w["wv"].T).reshape(T, self.n_head_kv, d))
+            group = c.n_head // self.n_head_kv
             k = np.repeat(self.k[il, :n_kv], group, axis=1)                                # (n_kv, H, d)
             v = np.repeat(self.v[il, :n_kv], group, axis=1)
             s = np.einsum("thd,khd->htk", q, k) / np.sqrt(d) + causal                      # (H, T, n_kv)
@@ -117,10 +118,26 @@ def _backends(choice: str) -> tuple[str, ...] | None:
     return ("cuda", "cpu") if base.available("cuda") else ("cpu",)
 
 
+def _bad_lengths(prompt: int, steps: int, n_ctx: int) -> str:
+    """What is wrong with the prompt/decode lengths, or "" when they fit."""
+    if prompt < 1:
+        return f"--prompt {prompt}: the prompt needs at least one token (--prompt 1 or more)"
+    if steps < 0:
+        return f"--steps {steps}: the number of decode steps cannot be negative (0 runs the prefill only)"
+    if prompt + steps > n_ctx:
+        return (f"--prompt {prompt} + --steps {steps} = {prompt + steps} positions do not fit in "
+                f"--n-ctx {n_ctx}: raise --n-ctx or shorten the run")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m gg demo`; returns the exit status (1 when a check fails)."""
     from . import Context, GGError
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    bad = _bad_lengths(args.prompt, args.steps, args.n_ctx)
+    if bad:
+        print(f"demo: {bad}", file=sys.stderr)
+        return 2
     backends = _backends(args.backend)
     if backends is None:
         print("demo: --backend cuda asked for, but no CUDA GPU (or CUDA backend) is available here",
@@ -130,9 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = llama.Config(n_embd=args.n_embd, n_head=args.n_head, n_head_kv=args.n_head_kv, n_ff=args.n_ff,
                            n_ctx=args.n_ctx, n_layer=args.layers,
                            rope_mode=ROPE_NEOX if args.rope == "neox" else ROPE_NORMAL)
-        if args.prompt < 1 or args.steps < 0 or args.prompt + args.steps > cfg.n_ctx:
-            raise GGError(f"need --prompt >= 1, --steps >= 0 and prompt + steps <= --n-ctx "
-                          f"({args.prompt} + {args.steps} > {cfg.n_ctx})")
         weights = llama.Weights.random(cfg, Context(), seed=args.seed)
         sess = llama.Session(cfg, weights, backends=backends, reuse_decode=not args.fixed_decode,
                              fuse=not args.no_fuse)
@@ -163,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = rng.standard_normal((T, cfg.n_embd))
     t_first = step(f"prefill T={T} (plans, builds)", sess.prefill, prompt)
     prefill = sess.last
+    assert prefill is not None  # the session just ran the prefill
     # Re-running the prefill graph rewrites the same cache rows with the same values: a warm timing.
     t0 = time.perf_counter()
     prefill.batch.bind(0)
@@ -173,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         decode_times.append(step(f"decode pos={sess.n_past}", sess.decode, rng.standard_normal(cfg.n_embd)))
 
     print(f"\nprefill graph (T={T}, n_past=0): {prefill.graph.plan.summary()}")
-    shown = sess.last if args.steps else prefill
+    shown = (sess.last or prefill) if args.steps else prefill
     if args.steps:
         kind = "fixed graph per position" if args.fixed_decode else \
             f"one reusable graph, inputs re-bound each step, attends over n_ctx={cfg.n_ctx} rows"

@@ -9,8 +9,21 @@ from .allocate import Allocation
 from .step import Step
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 1024 else f"{n} B"
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human_bytes(n: int) -> str:
+    """n bytes with three significant digits in the largest binary unit that keeps the number at
+    least 1: 512 B, 1.50 KiB, 12.8 MiB, 954 MiB, 3.64 TiB."""
+    if abs(n) < 1024:
+        return f"{n} B"
+    value, unit = float(n), "B"
+    for unit in _UNITS:
+        value /= 1024
+        if abs(value) < 1023.5 or unit == _UNITS[-1]:  # 1023.7 KiB prints as 1.00 MiB, not 1024 KiB
+            break
+    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # thresholds: after rounding
+    return f"{value:.{digits}f} {unit}"
 
 
 @dataclass
@@ -47,7 +60,7 @@ class Plan:
         transfers = sum(1 for s in self.steps if s.ops == ("transfer",))
         casts = sum(1 for s in self.steps if s.inserted and s.ops == ("cast",))
         fused = self.fused
-        arenas = ", ".join(f"{b} {_mib(n)} (naive {_mib(self.alloc.naive_bytes.get(b, 0))})"
+        arenas = ", ".join(f"{b} {human_bytes(n)} (naive {human_bytes(self.alloc.naive_bytes.get(b, 0))})"
                            for b, n in self.alloc.arena_bytes.items()) or "none"
         return (f"{len(self.steps)} steps, {len(fused)} fused groups ({sum(len(s.ops) for s in fused)} ops), "
                 f"{transfers} transfers, {casts} casts inserted; arenas: {arenas}"
@@ -63,7 +76,7 @@ class Plan:
                 mem = f"{be}+{off}" + (" (in-place)" if t in self.alloc.inplace else "")
             else:
                 mem = ""
-            return f"{t.dtype.name}[{ne}]", str(t.nelements * t.dtype.size), mem
+            return f"{t.dtype.name}[{ne}]", human_bytes(t.nelements * t.dtype.size), mem
 
         rows = [("#", "ops", "backend", "kernel", "out", "bytes", "mem")]
         for i, s in enumerate(self.steps):
@@ -74,7 +87,8 @@ class Plan:
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        lines.append(self.summary() + "   (* = inserted by the planner)")
+        starred = any(s.inserted for s in self.steps)
+        lines.append(self.summary() + ("   (* = inserted by the planner)" if starred else ""))
         return "\n".join(lines)
 
     def to_dot(self) -> str:
