@@ -65,7 +65,7 @@ def rng(request):
 def pytest_terminal_summary(terminalreporter, config):
     n_gpu = config.stash.get(_GPU_DESELECTED, 0)
     if n_gpu:
-        terminalreporter.write_line(f"{n_gpu} GPU-only tests not run: no usable CUDA GPU here "
+        terminalreporter.write_line(f"{n_gpu} GPU-only test{'s' if n_gpu > 1 else ''} not run: no usable CUDA GPU here "
                                     f"({_cuda_unavailable_reason()}); {_NO_GPU_HINT}")
     # tests/test_sweeps.py counts the hypothesis examples it ran (and passed) per backend
     sweeps = sys.modules.get("test_sweeps")
