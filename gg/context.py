@@ -41,7 +41,7 @@ class Context:
             raise DTypeError(f"new_tensor: dtype must be gg.F32/F16/BF16/I32, got {dtype!r}")
         flags = Flag.INPUT | (Flag.PERSISTENT if persistent else Flag.NONE)
         t = Tensor(dtype, pad_ne(ne, "new_tensor"), name=name, flags=flags, ctx=self)
-        nbytes = t.nelements * dtype.size
+        nbytes = t.storage_bytes
         try:
             t.buffer = HostBuffer(nbytes)
         except (MemoryError, ValueError):  # numpy says "array is too big" as a ValueError
@@ -66,6 +66,31 @@ class Context:
         t.set(array.reshape(t.ne[::-1]))
         return t
 
+    def tensor_from_bytes(self, raw: Any, dtype: DType, ne: Sequence[int], name: str | None = None) -> Tensor:
+        """A leaf of any dtype from its stored bytes (e.g. a GGUF tensor's data as is: rows of
+        ggml blocks for Q8_0/Q4_0/Q4_1/Q4_K/Q6_K); ne innermost first. The bytes are copied."""
+        self._check_alive()
+        if not isinstance(dtype, DType):
+            raise DTypeError(f"tensor_from_bytes: dtype must be a gg dtype, got {dtype!r}")
+        data = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw.reshape(-1).view(np.uint8)
+        t = self.new_tensor(dtype, ne, name=name)
+        if data.size != t.storage_bytes:
+            raise ShapeError(f"tensor_from_bytes: {dtype.name} ne={t.ne} takes {t.storage_bytes} bytes, got {data.size}")
+        t.buffer.write(t.offset, data)
+        return t
+
+    def quantize(self, array: Any, dtype: DType, name: str | None = None) -> Tensor:
+        """A leaf of block type `dtype` (Q8_0, Q4_0, Q4_1) holding `array` quantized as ggml does
+        (bit-identical to the gguf package); float input of shape (..., K), K a multiple of 32."""
+        from . import quant
+        array = np.asarray(array)
+        if not np.issubdtype(array.dtype, np.floating):
+            raise DTypeError(f"quantize: needs float values, got numpy {array.dtype}")
+        if array.ndim == 0 or array.ndim > 4:
+            raise ShapeError(f"quantize: 1 to 4 dims, got shape {array.shape}")
+        raw = quant.quantize(array, dtype)
+        return self.tensor_from_bytes(raw, dtype, array.shape[::-1], name=name)
+
     def free(self) -> None:
         """Drop every leaf's data; tensors of this context can no longer be computed or read."""
         for t in list(self.tensors):
@@ -88,3 +113,8 @@ def tensor(array: Any, name: str | None = None, dtype: DType | None = None) -> T
 def new_tensor(dtype: DType, ne: Sequence[int], name: str | None = None, persistent: bool = False) -> Tensor:
     """`Context.new_tensor` on the default context."""
     return default_context.new_tensor(dtype, ne, name=name, persistent=persistent)
+
+
+def quantize(array: Any, dtype: DType, name: str | None = None) -> Tensor:
+    """`Context.quantize` on the default context."""
+    return default_context.quantize(array, dtype, name=name)

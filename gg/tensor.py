@@ -38,8 +38,10 @@ def publish(t: "Tensor", buffer: Any, offset: int) -> None:
 
 
 def contiguous_strides(dtype: DType, ne: Sequence[int]) -> tuple[int, ...]:
-    nb = [dtype.size]
-    for i in range(1, MAX_DIMS):
+    """ggml's strides: nb[0] is an element's bytes (a block's, for block types), nb[1] a row's
+    (ne[0] / block_size blocks), then each dim's the previous dim's times its count."""
+    nb = [dtype.size, dtype.size * (ne[0] // dtype.block_size)]
+    for i in range(2, MAX_DIMS):
         nb.append(nb[-1] * ne[i - 1])
     return tuple(nb)
 
@@ -89,6 +91,9 @@ class Tensor:
                  flags: Flag = Flag.NONE, ctx: Any = None):
         self.dtype = dtype
         self.ne = pad_ne(ne, op or "tensor")
+        if self.ne[0] % dtype.block_size:
+            raise ShapeError(f"{op or 'tensor'}: {dtype.name} stores blocks of {dtype.block_size} elements; "
+                             f"ne[0]={self.ne[0]} must be a multiple of it (ne={self.ne})")
         self.nb = tuple(int(b) for b in nb) if nb is not None else contiguous_strides(dtype, self.ne)
         self.op = op
         self.params = params
@@ -130,6 +135,17 @@ class Tensor:
         return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
 
     @property
+    def storage_ne(self) -> tuple[int, int, int, int]:
+        """ne in storage units: ne[0] counts blocks for a block type (what nb[0] steps over)."""
+        return (self.ne[0] // self.dtype.block_size,) + self.ne[1:]  # type: ignore[return-value]
+
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes of this tensor's elements stored contiguously (a root's buffer size)."""
+        n = self.storage_ne
+        return n[0] * n[1] * n[2] * n[3] * self.dtype.size
+
+    @property
     def nbytes(self) -> int:
         """Bytes spanned by the tensor's elements (for a contiguous tensor: nelements * size)."""
         return self.extent()[1] - self.extent()[0]
@@ -141,7 +157,7 @@ class Tensor:
 
     def extent(self) -> tuple[int, int]:
         """Byte range [lo, hi) this tensor touches, relative to its root's start."""
-        span = sum((n - 1) * b for n, b in zip(self.ne, self.nb))
+        span = sum((n - 1) * b for n, b in zip(self.storage_ne, self.nb))
         return self.view_offs, self.view_offs + span + self.dtype.size
 
     def is_contiguous(self) -> bool:
@@ -149,7 +165,7 @@ class Tensor:
         ggml_is_contiguous, the strides of dims with ne == 1 don't matter (a decode-time permute
         (hd, n_head, 1) -> (hd, 1, n_head) is contiguous)."""
         want = self.dtype.size
-        for n, b in zip(self.ne, self.nb):
+        for n, b in zip(self.storage_ne, self.nb):
             if n != 1:
                 if b != want:
                     return False
@@ -174,7 +190,12 @@ class Tensor:
             raise ShapeError(f"{self.op or 'view'}: negative strides nb={self.nb} are not supported")
         lo, hi = self.extent()
         root = self.view_src
-        size = root.nelements * root.dtype.size
+        size = root.storage_bytes
+        if self.dtype.is_quantized and (self.dtype is not root.dtype or self.nb[0] != self.dtype.size
+                                        or self.view_offs % self.dtype.size):
+            raise ShapeError(f"{self.op or 'view'}: a view of {root.dtype.name} blocks must keep whole blocks in "
+                             f"order (nb[0] = {root.dtype.size}, offsets of whole blocks); got nb={self.nb} "
+                             f"offset={self.view_offs}")
         if lo < 0 or hi > size:
             raise ShapeError(
                 f"{self.op or 'view'}: view ne={self.ne} nb={self.nb} offset={self.view_offs} reaches bytes "
@@ -213,18 +234,27 @@ class Tensor:
 
     def _raw_view(self, raw: np.ndarray, lo: int) -> np.ndarray:
         # `raw` holds exactly the bytes [lo, hi) of the root, so the view starts at its first byte.
-        return np.lib.stride_tricks.as_strided(raw.view(self.dtype.storage), shape=self.ne[::-1],
-                                               strides=self.nb[::-1], writeable=True)
+        return raw_view(self, raw)
 
     def numpy(self) -> np.ndarray:
-        """A copy of the data, shape `ne[:n_dims][::-1]`. F32/F16/I32 keep their dtype; BF16 -> float32."""
+        """A copy of the data, shape `ne[:n_dims][::-1]`. F32/F16/I32 keep their dtype; BF16 and
+        the block-quantized types are decoded to float32."""
         buf, off = self._storage()
         lo, hi = self.extent()
         raw = buf.read(off + lo, hi - lo)
         arr = self._raw_view(raw, lo)
+        if self.dtype.is_quantized:
+            return decode(arr, self.dtype).reshape(self.shape)
         if self.dtype is dtypes.BF16:
             arr = dtypes.to_float32(arr, self.dtype)
         return np.array(arr).reshape(self.shape)
+
+    def tobytes(self) -> bytes:
+        """The stored bytes of this tensor's elements in logical order (rows of blocks for a block
+        type: a GGUF tensor's data as is)."""
+        buf, off = self._storage()
+        lo, hi = self.extent()
+        return np.ascontiguousarray(self._raw_view(buf.read(off + lo, hi - lo), lo)).tobytes()
 
     def set(self, array: Any) -> "Tensor":
         """Write `array` (numpy shape ne[::-1], dtype safely castable) into this leaf or leaf view."""
@@ -239,7 +269,12 @@ class Tensor:
         check_castable("set", array.dtype, self.dtype)
         if self.dtype is dtypes.I32:
             check_i32_range("set", array, self)
-        values = dtypes.encode(array.reshape(want), self.dtype)
+        if self.dtype.is_quantized:  # quantize: the values as the blocks ggml stores
+            from . import quant
+            values = quant.quantize(np.asarray(array, np.float32).reshape(want), self.dtype)
+            values = values.reshape(self.storage_ne[::-1] + (self.dtype.size,))
+        else:
+            values = dtypes.encode(array.reshape(want), self.dtype)
         buf, off = self._storage()
         lo, hi = self.extent()
         if self.is_contiguous():
@@ -343,3 +378,20 @@ def check_i32_range(what: str, array: np.ndarray, t: "Tensor") -> None:
             bad = lo if lo < I32_MIN else hi
             raise ShapeError(f"{what}: value {bad} does not fit the I32 tensor {t.label()} "
                              f"(range [{I32_MIN}, {I32_MAX}])")
+
+
+def raw_view(t: "Tensor", raw: np.ndarray) -> np.ndarray:
+    """A writable numpy view of t's stored values in `raw`, the root's bytes [lo, hi) of t's
+    extent: shape ne[::-1] for element types; for a block type (ne3, ne2, ne1, blocks, block bytes)."""
+    if t.dtype.is_quantized:
+        return np.lib.stride_tricks.as_strided(raw.view(np.uint8), shape=t.storage_ne[::-1] + (t.dtype.size,),
+                                               strides=t.nb[::-1] + (1,), writeable=True)
+    return np.lib.stride_tricks.as_strided(raw.view(t.dtype.storage), shape=t.ne[::-1], strides=t.nb[::-1],
+                                           writeable=True)
+
+
+def decode(stored: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 values of a raw_view of a block type (the blocks of each row decoded)."""
+    from . import quant
+    rows = np.ascontiguousarray(stored).reshape(stored.shape[:-2] + (-1,))
+    return quant.dequantize(rows, dtype)

@@ -8,9 +8,6 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# Tests that compile every kernel with NVRTC (~40 s per arch) but sit in files that do not mark
-# them themselves: they get the `compile_all` marker here, so the default run leaves them out.
-_COMPILE_ALL_TESTS = {"test_catalog_compiles_everything"}
 _NO_GPU_HINT = "run `pytest -m cuda` on a GPU machine"
 
 
@@ -28,11 +25,6 @@ def _asked_for_cuda(config) -> bool:
     """`pytest -m cuda` (or any -m naming cuda without negating it) asks for the GPU tests."""
     expr = config.getoption("markexpr", "") or ""
     return bool(re.search(r"\bcuda\b", expr)) and not re.search(r"\bnot\s+cuda\b", expr)
-
-
-def pytest_itemcollected(item):
-    if getattr(item, "originalname", item.name) in _COMPILE_ALL_TESTS:
-        item.add_marker(pytest.mark.compile_all)
 
 
 @pytest.hookimpl(trylast=True)  # after -m has filtered: count only the GPU tests this run selected

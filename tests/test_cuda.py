@@ -522,6 +522,7 @@ def _nvrtc_or_skip():
         pytest.skip(f"NVRTC not importable: {e}")
 
 
+@pytest.mark.compile_all
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_catalog_compiles_everything(arch, tmp_path, monkeypatch):
     _nvrtc_or_skip()

@@ -135,6 +135,12 @@ def _graphs() -> list:
         plan(gg.mul_mat(w, v))
         if T <= 8:
             plan(gg.add(gg.mul_mat(w, v), ctx.tensor(rng.standard_normal((T, 96)).astype(np.float32))))
+    from test_quant_ops import random_weights
+    for dt in (gg.Q8_0, gg.Q4_K):  # blocks read in place (1 and 3 columns), dequantized for a GEMM, gathered
+        wq = random_weights(rng, dt, 64, 512, ctx)
+        for T in (1, 3, 20):
+            plan(gg.mul_mat(wq, ctx.tensor(rng.standard_normal((T, 512)).astype(np.float32))))
+        plan(gg.get_rows(wq, ctx.tensor(np.array([5, 1], np.int32))))
     for n_head_kv, T in ((8, 1), (32, 4), (32, 16)):  # the llama block: epilogue, flash, prefill
         cfg = L.Config(n_embd=4096, n_head=32, n_head_kv=n_head_kv, n_ff=64, n_layer=1, n_ctx=64)
         w = L.Weights.random(cfg, gg.Context(), seed=1)
@@ -149,7 +155,7 @@ def test_every_choice_is_in_the_catalog_and_fits_its_signature(monkeypatch):
     monkeypatch.setattr(matmul, "have_cublas", lambda: False)  # cuBLAS calls have no kernel of ours
     graphs = _graphs()
     catalog_names = {(v.file, v.name) for v in catalog.variants()}
-    chosen = {(s.choice.file, s.choice.symbol) for g in graphs for s in g.plan.steps if s.choice.file != "cublas"}
+    chosen = {run for g in graphs for s in g.plan.steps for run in s.choice.runs()}
     assert chosen <= catalog_names, chosen - catalog_names
     rt, records = _lowered(graphs)
     assert len({r.name for r in records}) >= 25  # the graphs reach most families' variants
@@ -157,7 +163,7 @@ def test_every_choice_is_in_the_catalog_and_fits_its_signature(monkeypatch):
     assert not problems, "\n".join(problems)
     files = {r.file for r in records}
     assert files >= {"binary.cu", "unary.cu", "norm.cu", "softmax.cu", "rope.cu", "rows.cu", "cpy.cu",
-                     "mul_mat.cu", "attn.cu"}
+                     "mul_mat.cu", "attn.cu", "quant.cu"}
 
 
 def test_a_planted_mismatch_is_caught(monkeypatch):

@@ -92,7 +92,7 @@ class Allocation:
 
 
 def _size(t: Tensor) -> int:
-    return t.nelements * t.dtype.size  # allocated tensors are contiguous
+    return t.storage_bytes  # allocated tensors are contiguous
 
 
 def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> Allocation:

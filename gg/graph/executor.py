@@ -115,7 +115,7 @@ class Executor:
     @staticmethod
     def _migrate(root: Tensor) -> None:
         if root.buffer is not None and root.buffer.backend != root.home:
-            nbytes = root.nelements * root.dtype.size
+            nbytes = root.storage_bytes
             data = root.buffer.read(root.offset, nbytes)
             new = base.get(root.home).alloc(nbytes)
             new.write(0, data)

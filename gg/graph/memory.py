@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GraphError
-from ..tensor import Tensor
+from ..tensor import Tensor, raw_view
 
 
 class Memory:
@@ -46,6 +46,4 @@ class Memory:
         """t's elements as a contiguous raw-storage array of shape ne[::-1], from any backend."""
         buf, off = self.locate(t)
         lo, hi = t.extent()
-        raw = buf.read(off + lo, hi - lo)
-        view = np.lib.stride_tricks.as_strided(raw.view(t.dtype.storage), shape=t.ne[::-1], strides=t.nb[::-1])
-        return np.ascontiguousarray(view)
+        return np.ascontiguousarray(raw_view(t, buf.read(off + lo, hi - lo)))

@@ -76,7 +76,7 @@ class Plan:
                 mem = f"{be}+{off}" + (" (in-place)" if t in self.alloc.inplace else "")
             else:
                 mem = ""
-            return f"{t.dtype.name}[{ne}]", human_bytes(t.nelements * t.dtype.size), mem
+            return f"{t.dtype.name}[{ne}]", human_bytes(t.storage_bytes), mem
 
         rows = [("#", "ops", "backend", "kernel", "out", "bytes", "mem")]
         for i, s in enumerate(self.steps):

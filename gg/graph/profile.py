@@ -18,7 +18,7 @@ def step_bytes(step: Step) -> int:
     """Fewest bytes the step must move: each input read once, each output written once. The
     destination a cpy or set_rows writes into (a KV cache) is not read."""
     dsts = {n.src[info(n.op).dst_index] for n in step.nodes if info(n.op).writes_view}
-    return (sum(t.nelements * t.dtype.size for t in step.inputs if t not in dsts)
+    return (sum(t.storage_bytes for t in step.inputs if t not in dsts)
             + sum(_written(t) for t in step.outs))
 
 

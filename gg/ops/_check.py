@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import DType, F16, F32, BF16
+from ..dtypes import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, DType
 from ..errors import DTypeError, ShapeError
 from ..tensor import Tensor
 
 FLOATS = (F32, F16, BF16)
+QUANTIZED = (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)  # block types: weights of mul_mat, rows of get_rows
 
 
 def tensor_arg(op: str, t: object, what: str = "input") -> Tensor:

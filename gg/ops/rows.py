@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..dtypes import F32, I32
 from ..errors import ShapeError
 from ..tensor import Tensor
-from ._check import FLOATS, dtype_in, tensor_arg
+from ._check import FLOATS, QUANTIZED, dtype_in, tensor_arg
 from .registry import register
 
 register("get_rows")
@@ -13,11 +13,12 @@ register("set_rows", dst_index=0)
 
 def get_rows(a: Tensor, idx: Tensor) -> Tensor:
     """Rows of a = (ne0, n_rows, ne2, ne3) picked by idx (I32, (n, ne2, ne3)); result
-    (ne0, n, ne2, ne3), F32 for float sources (as ggml), I32 for I32 sources."""
+    (ne0, n, ne2, ne3), F32 for float and block-quantized sources (dequantized, as ggml), I32 for
+    I32 sources."""
     op = "get_rows"
     tensor_arg(op, a)
     tensor_arg(op, idx, "idx")
-    dtype_in(op, a, FLOATS + (I32,))
+    dtype_in(op, a, FLOATS + QUANTIZED + (I32,))
     dtype_in(op, idx, (I32,), "idx")
     if idx.ne[3] != 1 or idx.ne[1] != a.ne[2] or idx.ne[2] != a.ne[3]:
         raise ShapeError(f"get_rows: idx ne={idx.ne} must be (n, a.ne[2], a.ne[3], 1) for a ne={a.ne}")

@@ -11,21 +11,29 @@ from ... import dtypes
 from ...buffer import HostBuffer
 from ...dtypes import DType
 from ...errors import OutOfMemoryError
-from ...tensor import Tensor
+from ...tensor import Tensor, decode
 from ..base import Patterns
 from .kernels import KERNELS, WRITES_IN_PLACE
 
 
 def host_view(t: Tensor, memory) -> np.ndarray:
-    """A writable numpy view of t's raw storage (shape ne[::-1], strides nb[::-1]), wherever the
-    bound plan's `memory` says t lives (a leaf whose context was freed is a GraphError there)."""
+    """A writable numpy view of t's raw storage (shape ne[::-1], strides nb[::-1]; for a block
+    type (ne3, ne2, ne1, blocks, block bytes)), wherever the bound plan's `memory` says t lives
+    (a leaf whose context was freed is a GraphError there)."""
     buf, off = memory.locate(t)
+    if t.dtype.is_quantized:
+        return np.ndarray(t.storage_ne[::-1] + (t.dtype.size,), dtype=np.uint8, buffer=buf.array,
+                          offset=off + t.view_offs, strides=t.nb[::-1] + (1,))
     return np.ndarray(t.ne[::-1], dtype=t.dtype.storage, buffer=buf.array, offset=off + t.view_offs,
                       strides=t.nb[::-1])
 
 
 def load(t: Tensor, memory) -> np.ndarray:
+    """t's values as float32 (int32 for I32) in numpy order; block types are dequantized by row
+    blocks (gg.quant, vectorized)."""
     raw = host_view(t, memory)
+    if t.dtype.is_quantized:
+        return decode(raw, t.dtype)
     return raw.copy() if t.dtype is dtypes.I32 else dtypes.to_float32(raw, t.dtype)
 
 

@@ -8,12 +8,14 @@ from typing import Sequence
 from ....dtypes import DType
 from ....errors import BackendError
 from ....tensor import Tensor
-from . import attention, copy, elementwise, matmul, norm, rope, rows, softmax
+from . import attention, blocks, copy, elementwise, matmul, norm, rope, rows, softmax
 from .common import DT_CODES, Kernel, Srcs, Variant, node_srcs
 
 # Asked in this order: the first family that claims an op group runs it (the normalizing mat-vec
 # before the norm chains, the attention chain before the product).
 FAMILIES: tuple[ModuleType, ...] = (matmul, attention, norm, softmax, elementwise, rope, rows, copy)
+# Kernel files several families share (their constants and catalog, no ops of their own).
+SHARED: tuple[ModuleType, ...] = (blocks,)
 
 
 def family(ops: tuple[str, ...]) -> ModuleType | None:
@@ -60,13 +62,13 @@ def lower(rt, step, index: int) -> list:
 
 
 def variants() -> list[Variant]:
-    return [v for f in FAMILIES for v in f.variants()]
+    return [v for f in FAMILIES + SHARED for v in f.variants()]
 
 
 def defines(file: str) -> dict[str, object]:
     """The constants kernels/<file> is compiled with (-D), from the family that owns it, plus
     the dtype codes every file shares (common.cuh)."""
     out: dict[str, object] = {f"DT_{k.name.upper()}": v for k, v in DT_CODES.items()}
-    for f in FAMILIES:
+    for f in FAMILIES + SHARED:
         out.update(f.DEFINES.get(file, {}))
     return out

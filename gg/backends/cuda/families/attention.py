@@ -43,6 +43,9 @@ class FlashKernel(Kernel):
     heads: int   # query heads per block (fast builds)
     chunk: int   # positions per block (fast builds; the generic build picks one for the device's SMs)
 
+    def runs(self) -> tuple[tuple[str, str], ...]:
+        return ((self.file, self.symbol), (self.file, "flash_combine"))
+
 
 def claims(ops: tuple[str, ...]) -> bool:
     return ops in PATTERNS

@@ -45,6 +45,10 @@ class Kernel:
     scratch: int = field(default=0, kw_only=True)
     table: int = field(default=0, kw_only=True)
 
+    def runs(self) -> tuple[tuple[str, str], ...]:
+        """(file, symbol) of every kernel of ours the step launches (the catalog has each)."""
+        return ((self.file, self.symbol),) if self.file != "cublas" else ()
+
 
 @dataclass(frozen=True)
 class Variant:

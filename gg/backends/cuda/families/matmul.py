@@ -10,11 +10,12 @@ from functools import lru_cache
 from itertools import product
 from typing import Sequence
 
-from ....dtypes import DType, F32, I32
+from ....dtypes import F16, F32, I32, DType
 from ....ops.rope import ROPE_NORMAL
 from ....tensor import Tensor
 from .. import launch
-from ..launch import Args, Launch, addr, error_code, table
+from ..launch import Args, Launch, addr, error_code, scratch, table
+from . import blocks
 from . import rope as rope_family
 from .common import (FLOAT_NAMES, GRID_X_MAX, GRID_YZ_MAX, Kernel, Srcs, Variant, code, floats, node_srcs,
                      rows, rows_aligned)
@@ -51,6 +52,24 @@ class Epilogue(Kernel):
 
     rope: tuple[int, int, int, int] | None
     scatters: tuple[tuple[int, int, int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class QuantMatVec(Kernel):
+    """Quantized weights times up to blocks.MAX_COLS F32 columns, reading the blocks in place."""
+
+
+@dataclass(frozen=True)
+class QuantGemm(Kernel):
+    """More columns: the weights dequantized to F16 in scratch (`dequant`), then a GEMM on them
+    (`gemm`: cuBLAS, or the tiled kernel without nvmath). `symbol` names both."""
+
+    dequant: str
+    gemm: str
+
+    def runs(self) -> tuple[tuple[str, str], ...]:
+        own = ((self.file, self.dequant),)
+        return own if self.gemm.startswith("cublas") else own + (("mul_mat.cu", self.gemm),)
 
 
 @lru_cache(maxsize=None)
@@ -115,12 +134,32 @@ def path(node: Tensor, a: Tensor, b: Tensor) -> str:
 
 
 def src_dtype(node: Tensor, i: int) -> DType | None:
-    """cuBLAS multiplies operands of one dtype: b is cast to a's."""
+    """cuBLAS multiplies operands of one dtype: b is cast to a's (to F16 for quantized weights,
+    which the GEMM reads dequantized to F16)."""
     if node.op == "mul_mat" and i == 1:
         a, b = node.src
-        if path(node, a, b) == "cublas" and b.dtype is not a.dtype:
-            return a.dtype
+        want = F16 if a.dtype.is_quantized else a.dtype
+        if a.dtype.is_quantized and b.dtype is not want and _quant_path(node, a, b) == "gemm" and have_cublas():
+            return want
+        if not a.dtype.is_quantized and path(node, a, b) == "cublas" and b.dtype is not want:
+            return want
     return None
+
+
+def _columns_uniform(t: Tensor) -> bool:
+    """t's columns (dims 1..3) lie one stride apart: N = ne1*ne2*ne3 columns of a 2-d matrix."""
+    return all(t.ne[i] == 1 or t.nb[i] == t.nb[i - 1] * t.ne[i - 1] for i in (2, 3))
+
+
+def _quant_path(mm: Tensor, a: Tensor, b: Tensor) -> str | None:
+    """"vec" (blocks read in place), "gemm" (dequantized to F16, then a GEMM) or None (not on
+    CUDA: the planner runs it on the CPU) for quantized weights a."""
+    if not (blocks.rows_2d(a) and b.dtype in (F32, F16) and b.nb[0] == b.dtype.size and _columns_uniform(b)):
+        return None
+    n = b.ne[1] * b.ne[2] * b.ne[3]
+    if n <= blocks.MAX_COLS:
+        return "vec" if b.dtype is F32 and b.nb[1] % 4 == 0 and mm.is_contiguous() else None
+    return "gemm" if mm.is_contiguous() and b.ne[2] * b.ne[3] == 1 else None
 
 
 def wide(a: Tensor, b: Tensor) -> bool:
@@ -160,9 +199,11 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     if ops[:3] == NORM_MATVEC:
         return _choose_norm(nodes, srcs)
     mm = nodes[0]
+    a, b = srcs(mm)
+    if a.dtype.is_quantized:
+        return _choose_quant(ops, mm, a, b)
     if not _product_ok(mm):
         return None
-    a, b = srcs(mm)
     p = path(mm, a, b)
     if ops == ("mul_mat", "add"):  # a residual added by the mat-vec as it writes
         add = nodes[1]
@@ -175,6 +216,22 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     if p == "cublas":
         return Kernel("cublas", "cublas_gemm_batched" if mm.ne[2] * mm.ne[3] > 1 else "cublas_gemm")
     return Kernel("mul_mat.cu", f"mul_mat_tiled_{a.dtype.name}_{b.dtype.name}")
+
+
+def _choose_quant(ops: tuple[str, ...], mm: Tensor, a: Tensor, b: Tensor) -> Kernel | None:
+    if ops != ("mul_mat",) or rows(mm) > GRID_X_MAX:
+        return None  # the fused groups (residual, norm, epilogue) read float weights only
+    p = _quant_path(mm, a, b)
+    t = a.dtype.name
+    if p == "vec":
+        ncols = b.ne[1] * b.ne[2] * b.ne[3]
+        return QuantMatVec("quant.cu", f"mul_mat_vec{'1' if ncols == 1 else ''}_{t}_f32")
+    if p == "gemm":
+        # cuBLAS reads b cast to F16 (src_dtype); the tiled kernel reads b as it is
+        gemm = "cublas_gemm" if have_cublas() else f"mul_mat_tiled_f16_{b.dtype.name}"
+        return QuantGemm("quant.cu", f"dequant_rows_{t}_f16+{gemm}", f"dequant_rows_{t}_f16", gemm,
+                         scratch=a.ne[0] * a.ne[1] * F16.size)
+    return None
 
 
 def _norm_head_ok(nodes: Sequence[Tensor], srcs: Srcs) -> bool:
@@ -264,6 +321,13 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if k.file == "cublas":
         from ..cublas import Gemm
         return [Gemm(rt, what, out, a, b, addr)]
+    if isinstance(k, QuantMatVec):
+        grid, block = blocks.matvec_grid(a.ne[1])
+        args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).i64(b.nb[1] // 4).ptr(addr(out))
+                .i64(out.nb[1] // 4).i64(a.ne[1]).i64(a.ne[0]).i32(b.ne[1] * b.ne[2] * b.ne[3]))
+        return [Launch(rt, k.file, k.symbol, grid, block, args, what=what)]
+    if isinstance(k, QuantGemm):
+        return _lower_quant_gemm(rt, step, k, out, a, b, what)
     args = Args().tensor(out).tensor(a).tensor(b)
     batches = out.ne[2] * out.ne[3]
     if not isinstance(k, MatVec):
@@ -280,6 +344,22 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     per_block = MMV_BLOCK // k.tpr
     grid = ((out.ne[0] + per_block - 1) // per_block, batches, 1)
     return [Launch(rt, k.file, k.symbol, grid, (k.tpr, per_block, 1), args, what=what)]
+
+
+def _lower_quant_gemm(rt, step, k: QuantGemm, out: Tensor, a: Tensor, b: Tensor, what: str) -> list:
+    """Dequantize the weights into the step's scratch as a contiguous F16 (K, M) matrix, then
+    multiply: cuBLAS reads b cast to F16 by the planner; the tiled kernel reads b as it is."""
+    ws = scratch(step)
+    w16 = Tensor(F16, a.ne[:2], name=f"{a.name or 'weights'}:f16")  # lives in the scratch bytes
+    grid, block = blocks.dequant_grid(a.dtype, a.ne[1], a.ne[0])
+    dequant = Launch(rt, k.file, k.dequant, grid, block,
+                     Args().ptr(addr(a)).i64(a.nb[1]).ptr(ws).i64(w16.nb[1]).i64(a.ne[1]).i64(a.ne[0]), what=what)
+    if k.gemm == "cublas_gemm":
+        from ..cublas import Gemm
+        return [dequant, Gemm(rt, what, out, w16, b, lambda t: ws if t is w16 else addr(t))]
+    args = Args().tensor(out).ptr(ws).desc(w16.ne, w16.nb).tensor(b)
+    grid = ((out.ne[0] + TILE - 1) // TILE, (out.ne[1] + TILE - 1) // TILE, out.ne[2] * out.ne[3])
+    return [dequant, Launch(rt, "mul_mat.cu", k.gemm, grid, (256, 1, 1), args, what=what)]
 
 
 def _lower_norm(rt, step, k: Kernel, what: str) -> Launch:

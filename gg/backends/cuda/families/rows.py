@@ -7,7 +7,8 @@ from typing import Sequence
 
 from ....dtypes import I32
 from ....tensor import Tensor
-from ..launch import ROW_ITEMS_PER_THREAD, Args, Launch, error_code, rows_config
+from ..launch import ROW_ITEMS_PER_THREAD, Args, Launch, addr, error_code, rows_config
+from . import blocks
 from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, floats, node_srcs, rows
 
 DEFINES = {"rows.cu": {"SET_ROWS_AHEAD": ROW_ITEMS_PER_THREAD}}  # all of a thread's elements, usually
@@ -23,7 +24,13 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
         return None
     if ops == ("get_rows",):
         a, idx = srcs(out)
-        if idx.dtype is not I32 or not (a.dtype in FLOATS or a.dtype is I32):
+        if idx.dtype is not I32:
+            return None
+        if a.dtype.is_quantized:  # blocks dequantized as the rows are gathered (kernels/quant.cu)
+            ok = (blocks.rows_2d(a) and idx.ne[1] * idx.ne[2] == 1 and idx.nb[0] == idx.dtype.size
+                  and out.nb[0] == out.dtype.size)
+            return Kernel("quant.cu", f"get_rows_{a.dtype.name}_f32") if ok else None
+        if not (a.dtype in FLOATS or a.dtype is I32):
             return None
         return Kernel("rows.cu", f"get_rows_{a.dtype.name}")
     dst, b, idx = srcs(out)
@@ -34,6 +41,12 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
 
 def lower(rt, step, k: Kernel, what: str) -> list:
     out = step.out
+    if k.file == "quant.cu":
+        a, idx = step.srcs(out)
+        grid, block = blocks.dequant_grid(a.dtype, out.ne[1], a.ne[0])
+        args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(out)).i64(out.nb[1]).i64(out.ne[1]).i64(a.ne[0])
+                .ptr(addr(idx)).i64(a.ne[1]).ptr(rt.err_word.ptr).i32(error_code(rt, what)))
+        return [Launch(rt, k.file, k.symbol, grid, block, args, what=what)]
     if step.ops == ("get_rows",):
         a, idx = step.srcs(out)
         data, n = a, out

@@ -17,8 +17,8 @@
 typedef unsigned char u8;
 
 // Warps per thread block (blockDim = (32, QUANT_WARPS)); the host passes it as -D.
-#ifndef QUANT_WARPS
-#define QUANT_WARPS 4
+#ifndef QUANT_WARPS  // the host passes it (families/blocks.py), with QUANT_TILE_<type>
+#error "QUANT_WARPS comes from the host as -D"
 #endif
 
 // ---- shared-memory reads at the alignments the layouts give -----------------------------------
@@ -47,7 +47,7 @@ __device__ __forceinline__ unsigned byte_of(const unsigned* w, int i) { return (
 // the element offsets o1, o2 (in the block) of q[0..7] and q[8..15].
 
 struct QQ8_0 {
-    static constexpr int BYTES = 34, QK = 32, TILE = 32, UNITS = 2;
+    static constexpr int BYTES = 34, QK = 32, TILE = QUANT_TILE_Q8_0, UNITS = 2;
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         unsigned w[4];
@@ -62,7 +62,7 @@ struct QQ8_0 {
 };
 
 struct QQ4_0 {
-    static constexpr int BYTES = 18, QK = 32, TILE = 32, UNITS = 2;
+    static constexpr int BYTES = 18, QK = 32, TILE = QUANT_TILE_Q4_0, UNITS = 2;
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         unsigned w[2];  // byte j: element 8u + j (low nibble) and 16 + 8u + j (high nibble)
@@ -80,7 +80,7 @@ struct QQ4_0 {
 };
 
 struct QQ4_1 {
-    static constexpr int BYTES = 20, QK = 32, TILE = 32, UNITS = 2;
+    static constexpr int BYTES = 20, QK = 32, TILE = QUANT_TILE_Q4_1, UNITS = 2;
     static constexpr bool MIN = true;
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         const unsigned* p = (const unsigned*)(blk + 4 + 8 * u);  // 4-aligned: 20-byte blocks
@@ -98,7 +98,7 @@ struct QQ4_1 {
 };
 
 struct QQ4_K {
-    static constexpr int BYTES = 144, QK = 256, TILE = 4, UNITS = 16;
+    static constexpr int BYTES = 144, QK = 256, TILE = QUANT_TILE_Q4_K, UNITS = 16;
     static constexpr bool MIN = true;
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         // 8 sub-blocks of 32 with a 6-bit scale and min each, packed in 12 bytes: sub-blocks 0-3
@@ -127,7 +127,7 @@ struct QQ4_K {
 };
 
 struct QQ6_K {
-    static constexpr int BYTES = 210, QK = 256, TILE = 8, UNITS = 16;
+    static constexpr int BYTES = 210, QK = 256, TILE = QUANT_TILE_Q6_K, UNITS = 16;
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         // Element e = 128 n + 32 k + l (l < 32): low 4 bits in ql[64 n + l + 32 (k & 1)] (low

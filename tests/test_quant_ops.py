@@ -1,0 +1,125 @@
+"""Ops on ggml block-quantized tensors: the tensor model (ne/nb of blocks, views of whole rows,
+numpy() dequantizes, tobytes, tensor_from_bytes, gg.quantize), then mul_mat(q, F32) and
+get_rows(q, idx) on the CPU and on CUDA, against float64 numpy over the dequantized weights
+(NMSE <= 1e-6: the activations stay F32). Blocks of every type come from random bytes with sane
+F16 scales (gg cannot quantize to Q4_K/Q6_K; their decoding is checked against gguf in
+test_quant.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gg
+from gg import quant
+from reference import nmse
+
+TYPES = [gg.Q8_0, gg.Q4_0, gg.Q4_1, gg.Q4_K, gg.Q6_K]
+SCALES = {gg.Q8_0: (0,), gg.Q4_0: (0,), gg.Q4_1: (0, 2), gg.Q4_K: (0, 2), gg.Q6_K: (208,)}  # F16 fields
+
+
+def random_weights(rng, dt, rows: int, k: int, ctx=None) -> gg.Tensor:
+    """A (k, rows) weight leaf of dt from random blocks with finite, moderate F16 scales."""
+    n = rows * k // dt.block_size
+    raw = rng.integers(0, 256, (n, dt.size), dtype=np.uint8)
+    for off in SCALES[dt]:
+        vals = (rng.uniform(0.5, 1.5, n) * rng.choice([-1, 1], n) * 2.0 ** -6).astype(np.float16)
+        raw[:, off:off + 2] = vals.view(np.uint8).reshape(n, 2)
+    return (ctx or gg.Context()).tensor_from_bytes(raw.tobytes(), dt, (k, rows), name=f"w_{dt.name}")
+
+
+# ---- the tensor model -------------------------------------------------------------------------
+@pytest.mark.parametrize("dt", TYPES)
+def test_block_tensor_layout_and_round_trip(dt, rng):
+    w = random_weights(rng, dt, 5, 512)
+    assert w.nb[:2] == (dt.size, 512 // dt.block_size * dt.size) and w.storage_bytes == 5 * w.nb[1]
+    values = w.numpy()
+    assert values.shape == (5, 512) and values.dtype == np.float32 and np.isfinite(values).all()
+    raw = w.tobytes()
+    assert np.array_equal(values, quant.dequantize(np.frombuffer(raw, np.uint8).reshape(5, -1), dt))
+    row = gg.view_2d(w, 512, 2, w.nb[1], 3 * w.nb[1])  # whole rows: fine
+    assert np.array_equal(row.numpy(), values[3:5])
+
+
+def test_views_that_cut_blocks_are_refused(rng):
+    w = random_weights(rng, gg.Q4_0, 4, 64)
+    with pytest.raises(gg.ShapeError):
+        gg.view_1d(w, 16)  # half a block
+    with pytest.raises(gg.ShapeError):
+        gg.transpose(w)  # blocks out of row order
+    with pytest.raises(gg.ShapeError):
+        gg.new_tensor(gg.Q8_0, (48, 2))  # a row of 1.5 blocks
+
+
+@pytest.mark.parametrize("dt", [gg.Q8_0, gg.Q4_0, gg.Q4_1])
+def test_quantize_and_set(dt, rng):
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    t = gg.quantize(a, dt)
+    assert t.tobytes() == quant.quantize(a, dt).tobytes()
+    s = gg.new_tensor(dt, (64, 3))
+    s.set(a)
+    assert s.tobytes() == t.tobytes()
+    assert nmse(t.numpy(), a) < 1e-2  # 4-8 bit blocks
+    with pytest.raises(gg.ShapeError):
+        gg.Context().tensor_from_bytes(b"\0" * 10, dt, (64, 3))
+
+
+# ---- ops ----------------------------------------------------------------------------------------
+def _mul_mat_case(rng, dt, rows, k, cols, batch=1):
+    ctx = gg.Context()
+    w = random_weights(rng, dt, rows, k, ctx)
+    xa = rng.standard_normal((batch, cols, k)).astype(np.float32)
+    return w, xa, gg.mul_mat(w, ctx.tensor(xa))
+
+
+def _check_mul_mat(w, xa, y, backends):
+    gg.build_forward(y, backends=backends).compute()
+    want = np.einsum("bnk,mk->bnm", xa.astype(np.float64), w.numpy().astype(np.float64))
+    assert nmse(y.numpy().reshape(want.shape), want) <= 1e-6
+
+
+@pytest.mark.parametrize("dt", TYPES)
+@pytest.mark.parametrize("cols,batch", [(1, 1), (3, 1), (5, 2), (17, 1)])
+def test_mul_mat_quantized_cpu(dt, cols, batch, rng):
+    _check_mul_mat(*_mul_mat_case(rng, dt, 33, 512, cols, batch), ("cpu",))
+
+
+@pytest.mark.parametrize("dt", TYPES)
+def test_get_rows_quantized_cpu(dt, rng):
+    w = random_weights(rng, dt, 9, 256)
+    idx = gg.tensor(np.array([8, 0, 3, 3], np.int32))
+    r = gg.get_rows(w, idx)
+    gg.build_forward(r, backends=("cpu",)).compute()
+    assert np.array_equal(r.numpy(), w.numpy()[[8, 0, 3, 3]])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", TYPES)
+@pytest.mark.parametrize("rows,k,cols,batch", [(33, 512, 1, 1), (96, 4096, 1, 1), (33, 512, 3, 1),
+                                               (65, 1024, 8, 1), (40, 512, 3, 2), (70, 512, 40, 1),
+                                               (257, 2048, 512, 1)])
+def test_mul_mat_quantized_cuda(dt, rows, k, cols, batch, rng):
+    w, xa, y = _mul_mat_case(rng, dt, rows, k, cols, batch)
+    g = gg.build_forward(y, backends=("cuda",))
+    assert g.plan.steps[-1].backend == "cuda" and dt.name in g.plan.steps[-1].kernel
+    _check_mul_mat(w, xa, y, ("cuda",))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", TYPES)
+def test_get_rows_quantized_cuda_equals_cpu(dt, rng):
+    w = random_weights(rng, dt, 300, 512)
+    idx = gg.tensor(np.array([299, 0, 7, 7, 150], np.int32))
+    r = gg.get_rows(w, idx)
+    g = gg.build_forward(r, backends=("cuda",))
+    assert g.plan.steps[0].kernel == f"get_rows_{dt.name}_f32"
+    g.compute()
+    assert np.array_equal(r.numpy(), w.numpy()[[299, 0, 7, 7, 150]])  # dequantization is bit-identical
+
+
+@pytest.mark.cuda
+def test_get_rows_quantized_cuda_bad_index():
+    w = random_weights(np.random.default_rng(1), gg.Q8_0, 4, 64)
+    idx = gg.tensor(np.array([1, 4], np.int32))
+    r = gg.get_rows(w, idx)
+    with pytest.raises(gg.BackendError, match="get_rows"):
+        gg.build_forward(r, backends=("cuda",)).compute()
