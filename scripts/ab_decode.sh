@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of a lowering switch on the decode benchmark, same process family, alternating runs:
-#   bash scripts/ab_decode.sh "import gg.backends.cuda.lower as L; L._early = lambda *a: False" [bench args]
+#   bash scripts/ab_decode.sh "import gg.backends.cuda.launch as L; L.L2_PREFETCH = False" [bench args]
 # prints gg's decode figure for the plain code (A) and with the Python snippet applied (B).
 set -u
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Like ab_decode.sh for several variants: each argument is a Python snippet applied before the
 # decode benchmark ("pass" = the plain code); two rounds, variants alternating in each.
-#   bash scripts/ab_multi.sh pass "import gg.backends.cuda.lower as L; L.X = 1" ...
+#   bash scripts/ab_multi.sh pass "import gg.backends.cuda.families.matmul as M; M.MMV_BLOCK = 256" ...
 set -u
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
