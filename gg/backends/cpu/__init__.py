@@ -109,6 +109,8 @@ class CPUBackend:
             return f"cpy_{out.src[0].dtype.name}_{out.dtype.name}"
         if ops == ("mul_mat",):
             return f"mul_mat_{out.src[0].dtype.name}_{out.src[1].dtype.name}"
+        if ops == ("get_rows",):
+            return f"get_rows_{out.src[0].dtype.name}"
         if ops[0] == "set_rows":
             return f"set_rows_{out.src[1].dtype.name}_{out.dtype.name}"
         return "_".join(ops) + f"_{out.dtype.name}"
