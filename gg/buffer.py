@@ -5,13 +5,29 @@ tensor model can read and write any backend's memory without importing the backe
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
+
+
+class Buffer(Protocol):
+    """What the tensor model needs of any backend's memory."""
+
+    backend: str
+    nbytes: int
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        """A host copy of bytes [offset, offset + nbytes) as a flat uint8 array."""
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        """Store `data`'s bytes at `offset`."""
 
 
 class HostBuffer:
     """Host memory: a flat uint8 numpy array (also the CPU backend's arena)."""
 
     backend = "cpu"
+    owner: object  # set by over() only: the memory's owner, kept alive with the buffer
 
     def __init__(self, nbytes: int):
         self.array = np.zeros(max(int(nbytes), 1), dtype=np.uint8)

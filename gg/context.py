@@ -76,6 +76,7 @@ class Context:
         t = self.new_tensor(dtype, ne, name=name)
         if data.size != t.storage_bytes:
             raise ShapeError(f"tensor_from_bytes: {dtype.name} ne={t.ne} takes {t.storage_bytes} bytes, got {data.size}")
+        assert t.buffer is not None  # new_tensor gave it host memory
         t.buffer.write(t.offset, data)
         return t
 

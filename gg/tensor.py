@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import enum
 import weakref
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from . import dtypes
 from .dtypes import DType
 from .errors import BackendError, DTypeError, GGError, GraphError, ShapeError
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
 
 MAX_DIMS = 4
 
@@ -103,7 +106,7 @@ class Tensor:
         self.name = name
         self.flags = flags
         self.ctx = ctx
-        self.buffer = None   # leaves only: their storage (set by the owning context)
+        self.buffer: Buffer | None = None   # leaves only: their storage (set by the owning context)
         self.offset = 0
         self.home: str | None = None  # leaves only: the backend holding the data, None until placed
         if self.view_src is not None:
@@ -190,6 +193,7 @@ class Tensor:
             raise ShapeError(f"{self.op or 'view'}: negative strides nb={self.nb} are not supported")
         lo, hi = self.extent()
         root = self.view_src
+        assert root is not None  # only views are checked
         size = root.storage_bytes
         if self.dtype.is_quantized and (self.dtype is not root.dtype or self.nb[0] != self.dtype.size
                                         or self.view_offs % self.dtype.size):
