@@ -35,6 +35,7 @@ def assign(nodes: Sequence[Tensor], leafs: Sequence[Tensor], priority: Sequence[
             where[leaf] = leaf.home
     steps: list[Step] = []
     for n in nodes:
+        assert n.op is not None  # graph nodes are computed (leaves are in `leafs`)
         op = info(n.op)
         if op.metadata_only:
             continue

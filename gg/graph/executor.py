@@ -12,6 +12,7 @@ import contextlib
 import statistics
 import threading
 import time
+from typing import TYPE_CHECKING
 
 
 from ..backends import base
@@ -21,6 +22,10 @@ from .guards import Guards
 from .memory import Memory
 from .plan import Plan
 from .step import Step
+
+if TYPE_CHECKING:
+    from ..buffer import Buffer
+    from .profile import Profile
 
 
 class _Transfer:
@@ -46,7 +51,7 @@ class Executor:
         self.plan = plan
         self.segments: list = []
         self.used = tuple(dict.fromkeys(s.backend for s in plan.steps))
-        self.arenas: dict[str, object] = {}
+        self.arenas: dict[str, Buffer] = {}
         self.contexts: set = set()  # of the leaves: a freed one makes every later run an error
         self.memory: Memory | None = None
         self.published: list[tuple[Tensor, tuple]] = []  # (kept root, (buffer, offset)) after each run
@@ -117,11 +122,12 @@ class Executor:
         if root.buffer is not None and root.buffer.backend != root.home:
             nbytes = root.storage_bytes
             data = root.buffer.read(root.offset, nbytes)
+            assert root.home is not None  # _bind gave every leaf its home first
             new = base.get(root.home).alloc(nbytes)
             new.write(0, data)
             root.buffer, root.offset = new, 0
 
-    def profile(self, repeat: int = 5):
+    def profile(self, repeat: int = 5) -> Profile:
         """Run the plan `repeat` times, timing every step on its backend (a backend's runnable
         times its own steps: CUDA with events); returns a `Profile` of median times."""
         from .profile import Profile
@@ -165,8 +171,10 @@ class Executor:
 
     def _run_guarded(self) -> None:
         """Guard mode: one step per segment; arm its new blocks' guards, run, wait, check."""
+        guards = self.guards
+        assert guards is not None  # only called when guards are on
         for i, (step, seg) in enumerate(zip(self.plan.steps, self.segments)):
-            self.guards.arm(i)
+            guards.arm(i)
             seg.run()
             base.get(step.backend).synchronize()
-            self.guards.check(i)
+            guards.check(i)

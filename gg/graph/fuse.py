@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..backends import base
-from ..ops import info
+from ..ops import info, node_info
 from ..tensor import Tensor
 from .step import Step
 
@@ -69,11 +69,11 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
                 break
     out: list[Step] = []
     for step in steps:
-        merged = fused_into.get(step)
-        if merged is None:
+        into = fused_into.get(step)
+        if into is None:
             out.append(step)
-        elif step.out is merged.out:
-            out.append(merged)
+        elif step.out is into.out:
+            out.append(into)
     return out
 
 
@@ -87,7 +87,7 @@ def _read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Ten
     for r in readers.get(t, []):
         if r in inside:
             continue
-        if not info(r.op).metadata_only or _read_outside(r, inside, readers):
+        if not node_info(r).metadata_only or _read_outside(r, inside, readers):
             return True
     return False
 
@@ -130,7 +130,7 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
             continue
         group_nodes = tuple(n for g in group for n in g.nodes)
         inside = set(group_nodes)
-        exports = tuple(n for n in group_nodes[:-1] if n in outs or info(n.op).writes_view
+        exports = tuple(n for n in group_nodes[:-1] if n in outs or node_info(n).writes_view
                         or _read_outside(n, inside, readers))
         result.append(Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend,
                            exports=exports))

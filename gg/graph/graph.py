@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import BackendError, GraphError
 from ..tensor import Flag, Tensor
+
+if TYPE_CHECKING:
+    from .executor import Executor
+    from .plan import Plan
+    from .profile import Profile
 
 
 def _priority(backends: Sequence[str] | str | None) -> tuple[str, ...] | None:
@@ -37,8 +42,8 @@ class Graph:
         self.outputs: list[Tensor] = []
         self.kept: list[Tensor] = []  # keep=[...] of build_forward, and nodes marked with t.keep()
         self._seen: set[Tensor] = set()
-        self._plan = None
-        self._executor = None
+        self._plan: Plan | None = None
+        self._executor: Executor | None = None
         self._keep_epoch = -1
 
     def build_forward_expand(self, t: Tensor) -> "Graph":
@@ -103,7 +108,7 @@ class Graph:
 
     # ---- planning and running ------------------------------------------------------------
     @property
-    def plan(self):
+    def plan(self) -> Plan:
         """The plan (planned on first access; never touches a device, never changes a tensor)."""
         if self._plan is not None and self._keep_epoch != Tensor.keep_epoch:
             # some tensor was marked with keep() since: re-plan if it is one of ours not yet kept
@@ -132,21 +137,22 @@ class Graph:
         self._executor.run(sync=sync)
         return self
 
-    def locate(self, t: Tensor):
+    def locate(self, t: Tensor) -> tuple[Any, int]:
         """(buffer, byte offset of t's root) in this graph's bound memory: a debugging aid for
         tests and tools (after the first compute)."""
         if self._executor is None or self._executor.memory is None:
             raise GraphError("locate: compute the graph first")
         return self._executor.memory.locate(t)
 
-    def profile(self, repeat: int = 5):
+    def profile(self, repeat: int = 5) -> Profile:
         """Run the graph and time each step (median of `repeat` runs): a table of device time,
         bytes moved, GB/s or TFLOP/s and share of the total. `print(graph.profile())`."""
         self.compute()  # binds memory, compiles, warms caches
+        assert self._executor is not None  # compute() made it
         return self._executor.profile(repeat)
 
     # ---- export --------------------------------------------------------------------------
-    def to_networkx(self):
+    def to_networkx(self) -> Any:  # a networkx.DiGraph (networkx is an optional dependency)
         """A networkx.DiGraph with an edge src -> node for every dependency."""
         import networkx as nx
         g = nx.DiGraph()

@@ -15,12 +15,16 @@ protocol (`write`, `read`), like any tensor data.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import BackendError
 from .allocate import Block
 from .plan import Plan
+
+if TYPE_CHECKING:
+    from ..buffer import Buffer
 
 GUARD_BYTES = 256
 # A fixed permutation of the 256 byte values: no float a kernel is likely to write (0, 1.0, NaN,
@@ -40,7 +44,7 @@ def guard_bytes() -> int:
 class Guards:
     """The guard regions of a bound plan: `arm(i)` before step i, `check(i)` after it."""
 
-    def __init__(self, plan: Plan, arenas: dict[str, object]):
+    def __init__(self, plan: Plan, arenas: dict[str, Buffer]):
         self.plan = plan
         self.arenas = arenas
         self.size = plan.alloc.guard

@@ -3,11 +3,11 @@ where the chosen kernel needs another dtype. Both become visible steps (`inserte
 a cast the producing step can write directly (`fold_casts`): it joins that step's ops instead."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..backends import base
 from ..errors import BackendError
-from ..ops import info
+from ..ops import node_info
 from ..tensor import Tensor
 from .assign import Placement
 from .step import Step
@@ -22,7 +22,7 @@ def insert(steps: list[Step], where: Placement) -> list[Step]:
         be = base.get(step.backend)
         inside = set(step.nodes)
         for node in step.nodes:
-            dst_index = info(node.op).dst_index
+            dst_index = node_info(node).dst_index
             for i, src in enumerate(node.src):
                 if src in inside or i == dst_index or src in step.subst:
                     continue
@@ -51,8 +51,9 @@ def insert(steps: list[Step], where: Placement) -> list[Step]:
                 if read is not src:
                     step.subst[src] = read
         out.append(_chosen(step))
-        written = {t.root for t in step.outs if info(t.op).writes_view}
-        for cache in (transferred, cast_cache):  # copies taken before a write are stale from here on
+        written = {t.root for t in step.outs if node_info(t).writes_view}
+        caches: tuple[dict[Any, Tensor], ...] = (transferred, cast_cache)
+        for cache in caches:  # copies taken before a write are stale from here on
             for k in [k for k in cache if k[0].root in written]:
                 del cache[k]
     return out
@@ -88,6 +89,7 @@ def fold_casts(steps: list[Step], kept: Sequence[Tensor]) -> list[Step]:
             continue
         value = c.out.src[0]
         if value.is_reshape_of_root():
+            assert value.view_src is not None  # is_reshape_of_root: a view
             value = value.view_src  # a cast reading a reshape of the producer's whole result
         p = producer.get(value)
         if (p is None or p.inserted or p in folded or p.backend != c.backend or value.view_src is not None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops import info
+from ..ops import node_info
 from ..tensor import Tensor
 from .plan import Plan
 from .step import Step
@@ -17,7 +17,7 @@ def _written(t: Tensor) -> int:
 def step_bytes(step: Step) -> int:
     """Fewest bytes the step must move: each input read once, each output written once. The
     destination a cpy or set_rows writes into (a KV cache) is not read."""
-    dsts = {n.src[info(n.op).dst_index] for n in step.nodes if info(n.op).writes_view}
+    dsts = {n.src[i] for n in step.nodes if (i := node_info(n).dst_index) is not None}
     return (sum(t.storage_bytes for t in step.inputs if t not in dsts)
             + sum(_written(t) for t in step.outs))
 

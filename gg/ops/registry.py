@@ -3,6 +3,10 @@ write over its first source. One entry per op, registered next to its constructo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 
 @dataclass(frozen=True)
@@ -29,3 +33,9 @@ def register(name: str, **flags) -> OpInfo:
 
 def info(name: str) -> OpInfo:
     return OPS[name]
+
+
+def node_info(node: Tensor) -> OpInfo:
+    """The OpInfo of a computed node's op (a leaf has no op)."""
+    assert node.op is not None, f"{node.label()} is a leaf: it has no op"
+    return OPS[node.op]

@@ -37,7 +37,7 @@ def soft_max_ext(a: Tensor, mask: Tensor | None = None, scale: float = 1.0, max_
     dtype_in(op, a, (F32,))
     scale = finite_number(op, scale, "scale")
     max_bias = finite_number(op, max_bias, "max_bias")
-    src = (a,)
+    src: tuple[Tensor, ...] = (a,)
     if mask is not None:
         tensor_arg(op, mask, "mask")
         dtype_in(op, mask, (F32, F16), "mask")

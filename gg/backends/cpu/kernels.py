@@ -37,6 +37,7 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divi
 
 @kernel("add", "sub", "mul", "div")
 def binary(node: Tensor, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    assert node.op is not None  # a computed node
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return _BINARY[node.op](a, repeat_to(b, a.shape)).astype(np.float32)
 
