@@ -16,7 +16,7 @@ that stream before the next `graph.compute()` (torch: `torch.cuda.current_stream
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -24,6 +24,10 @@ from . import dtypes
 from .buffer import HostBuffer
 from .dtypes import DType
 from .errors import BackendError, DTypeError, ShapeError
+
+if TYPE_CHECKING:
+    from .backends.cuda import CUDABackend
+    from .tensor import Tensor
 
 DL_CPU, DL_CUDA = 1, 2
 _DL_DTYPES: dict[tuple[int, int], DType] = {(2, 32): dtypes.F32, (2, 16): dtypes.F16, (4, 16): dtypes.BF16,
@@ -119,7 +123,7 @@ def cuda_array_interface(t) -> dict:
     ndim = t.n_dims
     return {"shape": tuple(t.ne[:ndim][::-1]), "strides": tuple(t.nb[:ndim][::-1]),
             "typestr": _CAI_TYPESTR[t.dtype], "data": (buf.ptr + off, False), "version": 3,
-            "stream": base.get("cuda").stream_handle()}
+            "stream": cast("CUDABackend", base.get("cuda")).stream_handle()}
 
 
 # ---- in ----------------------------------------------------------------------------------------
@@ -147,7 +151,8 @@ def _layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int, wha
     return 0, sum((n - 1) * s for n, s in zip(shape, strides)) * itemsize + itemsize
 
 
-def _as_tensor(ctx, buffer, dtype: DType, shape: tuple[int, ...], strides: tuple[int, ...], name, home: str):
+def _as_tensor(ctx, buffer, dtype: DType, shape: tuple[int, ...], strides: tuple[int, ...], name,
+               home: str) -> Tensor:
     """A leaf over `buffer` (contiguous producer) or a view of one spanning its bytes."""
     from .ops.view import _view_of
     from .tensor import Flag, Tensor, contiguous_strides
@@ -169,7 +174,7 @@ def _as_tensor(ctx, buffer, dtype: DType, shape: tuple[int, ...], strides: tuple
     return v
 
 
-def from_dlpack(x: Any, name: str | None = None, ctx: Any = None):
+def from_dlpack(x: Any, name: str | None = None, ctx: Any = None) -> Tensor:
     """A gg tensor aliasing the memory of a DLPack producer (numpy array, torch/CuPy tensor)."""
     from .context import default_context
     ctx = ctx or default_context
@@ -187,7 +192,7 @@ def from_dlpack(x: Any, name: str | None = None, ctx: Any = None):
             raise ShapeError(f"from_dlpack: strides {arr.strides} are not multiples of the element size")
         _, span = _layout(arr.shape, strides, arr.itemsize, "the array")
         raw = (ctypes.c_uint8 * span).from_address(arr.ctypes.data)
-        return _as_tensor(ctx, HostBuffer.over(np.frombuffer(raw, np.uint8), owner=arr), dtype, arr.shape,
+        return _as_tensor(ctx, HostBuffer.over(np.frombuffer(memoryview(raw), np.uint8), owner=arr), dtype, arr.shape,
                           strides, name, "cpu")
     if device_type != DL_CUDA:
         raise BackendError(f"from_dlpack: device type {device_type} is not supported (CPU = 1, CUDA = 2)")
@@ -196,7 +201,7 @@ def from_dlpack(x: Any, name: str | None = None, ctx: Any = None):
     if ctx.backend == "cpu":
         raise BackendError("from_dlpack: a GPU tensor can not be a leaf of a context pinned to cpu")
     from .backends import base
-    cuda = base.get("cuda")
+    cuda = cast("CUDABackend", base.get("cuda"))  # DLPack import needs its stream and wrap()
     if not cuda.available():
         raise BackendError(f"from_dlpack: the tensor is on a GPU but gg's CUDA backend is not available "
                            f"({getattr(cuda, 'unavailable_reason', '')})")

@@ -8,7 +8,7 @@ cuda.bindings on first use.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ...dtypes import DType
 from ...errors import BackendError
@@ -16,6 +16,9 @@ from ...tensor import Tensor
 from .. import base
 from . import families
 from .driver import LOCK
+
+if TYPE_CHECKING:
+    from .runtime import DeviceBuffer, ExternalBuffer
 
 
 
@@ -67,11 +70,11 @@ class CUDABackend:
         from . import runtime
         return runtime.get()
 
-    def alloc(self, nbytes: int):
+    def alloc(self, nbytes: int) -> DeviceBuffer:
         """A DeviceBuffer of nbytes (gg.OutOfMemoryError when the device is full)."""
         return self._rt().alloc(nbytes)
 
-    def wrap(self, ptr: int, nbytes: int, owner):
+    def wrap(self, ptr: int, nbytes: int, owner: object) -> ExternalBuffer:
         """A buffer over device memory gg did not allocate (DLPack / CUDA array interface)."""
         from .runtime import ExternalBuffer
         return ExternalBuffer(self._rt(), ptr, nbytes, owner)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ...errors import BackendError
 from .branches import side_steps
-from .launch import bound
+from .launch import Launch, bound
 from .families import lower
 from .driver import check, cu
 
@@ -84,7 +84,8 @@ class Program:
         side, flags = self.rt.side_stream(), cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
         by_step = {b.step: b for b in self.branches}
         forks = {b.after for b in self.branches}
-        done, joins = {}, {}
+        done: dict[int, Any] = {}  # step index -> its CUevent (a cuda-python handle)
+        joins: dict[int, list[Any]] = {}
 
         def record(on) -> object:
             (e,) = check(cu.cuEventCreate(flags), "cuEventCreate")
@@ -105,11 +106,12 @@ class Program:
                 continue
             check(cu.cuStreamWaitEvent(side, done[b.after], 0), "cuStreamWaitEvent")
             for r in recs:
-                r.set_stream(side)
+                launch = cast(Launch, r)  # side_steps takes only steps made of Launch records
+                launch.set_stream(side)
                 try:
-                    r()
+                    launch()
                 finally:
-                    r.set_stream(stream)
+                    launch.set_stream(stream)
             e = record(side)
             joins.setdefault(b.join, []).append(e)
             if i in forks:

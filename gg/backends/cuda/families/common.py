@@ -11,10 +11,13 @@ and optionally `PATTERNS` (fused groups it declares), `EPILOGUE_OPS`, `src_dtype
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
 from ....dtypes import BF16, F16, F32, I32, DType
 from ....tensor import Tensor
+
+if TYPE_CHECKING:
+    from ..runtime import DeviceBuffer
 
 FLOATS = (F32, F16, BF16)
 FLOAT_NAMES = ("f32", "f16", "bf16")
@@ -74,7 +77,7 @@ def base_misalignment(t: Tensor) -> int:
     (gg.from_dlpack) starts where that library put it."""
     root = t.root
     if root.op is None and root.buffer is not None and getattr(root.buffer, "backend", "") == "cuda":
-        return (root.buffer.ptr + root.offset) % ALIGN
+        return (cast("DeviceBuffer", root.buffer).ptr + root.offset) % ALIGN
     return 0
 
 
