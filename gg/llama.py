@@ -48,7 +48,9 @@ class Config:
 
     n_embd: int = 256
     n_head: int = 8
-    n_head_kv: int | None = None
+    # The constructor takes None (the default) for n_head; __post_init__ resolves it, so every
+    # Config holds an int here.
+    n_head_kv: int = None  # type: ignore[assignment]
     n_ff: int = 512
     n_ctx: int = 128
     n_layer: int = 1
@@ -256,7 +258,8 @@ class Batch:
         self.cfg, self.n_tokens, self.n_past = cfg, int(n_tokens), n_past
         T = self.n_tokens
         self.pos = ctx.new_tensor(I32, (T,), name="inp_pos")
-        self.k_idx = self.v_idx = None
+        self.k_idx: Tensor | None = None  # indexed graphs: the cache rows to write
+        self.v_idx: Tensor | None = None
         if n_past is None:  # indexed: everything that depends on the position is an input
             self.n_kv = cfg.n_ctx
             self.k_idx = ctx.new_tensor(I32, (T,), name="inp_k_idx")
@@ -264,7 +267,9 @@ class Batch:
         else:
             self.n_kv = n_past + T
         self.mask = ctx.new_tensor(F32, (self.n_kv, T), name="inp_mask") if mask == "input" else None
-        self._cols = self._v_base = None  # bind()'s constant index arrays, made on first use
+        # bind()'s constant index arrays, made on first use
+        self._cols: np.ndarray | None = None
+        self._v_base: np.ndarray | None = None
 
     @classmethod
     def fixed(cls, cfg: Config, ctx: Context, n_tokens: int, n_past: int, mask: str = "input") -> "Batch":
@@ -298,6 +303,7 @@ class Batch:
                 self._cols = np.arange(self.n_kv, dtype=np.int32)
             _set(self.mask, np.where(self._cols[None, :] <= rows[:, None], np.float32(0), np.float32(-np.inf)))
         if self.is_indexed:
+            assert self.k_idx is not None and self.v_idx is not None  # made for indexed batches
             _set(self.k_idx, rows)
             # V is transposed: value e of token t lives at element e * n_ctx + row_t of the cache.
             if self._v_base is None:
@@ -323,6 +329,7 @@ def _write_kv(gf: Graph, cfg: Config, cache: KVCache, il: int, k: Tensor, v: Ten
     K, V = cache.k[il], cache.v[il]
     hd, nkv, T, n_kv = cfg.head_dim, cfg.n_head_kv, batch.n_tokens, batch.n_kv
     if batch.is_indexed:
+        assert batch.k_idx is not None and batch.v_idx is not None  # made for indexed batches
         # set_rows takes reshaped k and v (views of the rope and of the qkv product): contiguous
         # for one token already, copied otherwise.
         v = v if v.is_contiguous() else ops.cont(v)
@@ -334,6 +341,7 @@ def _write_kv(gf: Graph, cfg: Config, cache: KVCache, il: int, k: Tensor, v: Ten
         k_base, v_base = k_dst, v_dst  # reading through the writes adds the edge as well
     else:
         n_past = batch.n_past
+        assert n_past is not None  # a fixed batch
         k_view = ops.view_3d(K, hd, nkv, T, K.nb[1], K.nb[2], n_past * K.nb[2])
         v_view = ops.view_3d(V, T, hd, nkv, V.nb[1], V.nb[2], n_past * V.nb[0])
         k_dst = ops.cpy(k, k_view)
@@ -362,24 +370,31 @@ def attention_block(gf: Graph, cfg: Config, w: LayerWeights, cache: KVCache, il:
         raise ShapeError(f"llama.attention_block: layer {il} out of range for n_layer={cfg.n_layer}")
     T, hd, nh, nkv = batch.n_tokens, cfg.head_dim, cfg.n_head, cfg.n_head_kv
     cur = ops.mul(ops.rms_norm(x, cfg.eps), w.attn_norm)        # fuses: rms_norm+mul
-    rope = dict(n_dims=hd, mode=cfg.rope_mode, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
+
+    def rope(t: Tensor) -> Tensor:
+        return ops.rope(t, batch.pos, hd, mode=cfg.rope_mode, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
+
     if w.wqkv is not None:  # one product, then views: rows [q | k | v] of every token's column
         qkv = ops.mul_mat(w.wqkv, cur)                            # (n_embd + 2 n_embd_gqa, T)
         f, col = qkv.dtype.size, qkv.nb[1]
         # q and k heads are adjacent rows: one rope over both, then views of its result
-        qk = ops.rope(ops.view_3d(qkv, hd, nh + nkv, T, hd * f, col, 0), batch.pos, **rope)
+        qk = rope(ops.view_3d(qkv, hd, nh + nkv, T, hd * f, col, 0))
         q = ops.view_3d(qk, hd, nh, T, qk.nb[1], qk.nb[2], 0)
         k = ops.view_3d(qk, hd, nkv, T, qk.nb[1], qk.nb[2], nh * qk.nb[1])
         v = ops.view_2d(qkv, cfg.n_embd_gqa, T, col, (cfg.n_embd + cfg.n_embd_gqa) * f)
     else:  # separately built LayerWeights without the stacked leaf
-        q = ops.rope(ops.reshape(ops.mul_mat(w.wq, cur), hd, nh, T), batch.pos, **rope)
-        k = ops.rope(ops.reshape(ops.mul_mat(w.wk, cur), hd, nkv, T), batch.pos, **rope)
+        q = rope(ops.reshape(ops.mul_mat(w.wq, cur), hd, nh, T))
+        k = rope(ops.reshape(ops.mul_mat(w.wk, cur), hd, nkv, T))
         v = ops.mul_mat(w.wv, cur)                                # (n_embd_gqa, T)
     k_cache, v_cache = _write_kv(gf, cfg, cache, il, k, v, batch)
 
     kq = ops.mul_mat(k_cache, ops.permute(q, 0, 2, 1, 3))         # (n_kv, T, n_head)
     kq = ops.scale(kq, 1.0 / math.sqrt(hd))
-    kq = ops.add(kq, batch.mask) if batch.mask is not None else ops.diag_mask_inf(kq, batch.n_past)
+    if batch.mask is not None:
+        kq = ops.add(kq, batch.mask)
+    else:  # mask="diag": only fixed batches have one, so n_past is known
+        assert batch.n_past is not None
+        kq = ops.diag_mask_inf(kq, batch.n_past)
     kq = ops.soft_max(kq)                                         # fuses: scale+add|diag_mask_inf+soft_max
     kqv = ops.mul_mat(v_cache, kq)                                # (hd, T, n_head)
     cur = ops.permute(kqv, 0, 2, 1, 3)                            # (hd, n_head, T)
