@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import ctypes
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .driver import check, cu
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 SIZE = 1 << 20        # ring bytes
 MAX_WRITE = 64 << 10  # larger writes go straight from pageable memory (their staging is amortized)
@@ -20,7 +24,7 @@ ALIGN = 16
 
 
 class Staging:
-    def __init__(self, rt):
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         (ptr,) = check(cu.cuMemHostAlloc(SIZE, 0), "cuMemHostAlloc (staging ring)")
         self.ptr = int(ptr)
