@@ -27,6 +27,8 @@ from .errors import BackendError, DTypeError, ShapeError
 
 if TYPE_CHECKING:
     from .backends.cuda import CUDABackend
+    from .buffer import Buffer
+    from .context import Context
     from .tensor import Tensor
 
 DL_CPU, DL_CUDA = 1, 2
@@ -78,22 +80,22 @@ _FREE_CAPSULE_ADDR = ctypes.cast(_free_capsule, ctypes.c_void_p).value
 
 
 # ---- out ---------------------------------------------------------------------------------------
-def _exported_bytes(t) -> tuple[Any, int]:
+def _exported_bytes(t: Tensor) -> tuple[Any, int]:
     """(buffer, address-or-offset of t's first element) of t's current value."""
     buf, off = t._storage()
     return buf, off + t.view_offs
 
 
-def _first_address(buf, off: int) -> int:
+def _first_address(buf: Any, off: int) -> int:  # a HostBuffer or a DeviceBuffer
     return buf.ptr + off if buf.backend == "cuda" else buf.array.ctypes.data + off
 
 
-def dlpack_device(t) -> tuple[int, int]:
+def dlpack_device(t: Tensor) -> tuple[int, int]:
     buf, _ = _exported_bytes(t)
     return (DL_CUDA, 0) if buf.backend == "cuda" else (DL_CPU, 0)
 
 
-def to_dlpack(t, stream: int | None = None) -> Any:
+def to_dlpack(t: Tensor, stream: int | None = None) -> Any:
     """A DLPack capsule over t's bytes (no copy)."""
     if t.dtype not in _TO_DL:
         raise DTypeError(f"__dlpack__: {t.label()} is {t.dtype.name}; DLPack export takes "
@@ -113,7 +115,7 @@ def to_dlpack(t, stream: int | None = None) -> Any:
     return _capsule_new(address, _NAME, _FREE_CAPSULE_ADDR)
 
 
-def cuda_array_interface(t) -> dict:
+def cuda_array_interface(t: Tensor) -> dict[str, Any]:
     buf, off = _exported_bytes(t)
     if buf.backend != "cuda":
         raise AttributeError(f"{t.label()} lives on the {buf.backend} backend, not on a CUDA device")
@@ -151,8 +153,8 @@ def _layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int, wha
     return 0, sum((n - 1) * s for n, s in zip(shape, strides)) * itemsize + itemsize
 
 
-def _as_tensor(ctx, buffer, dtype: DType, shape: tuple[int, ...], strides: tuple[int, ...], name,
-               home: str) -> Tensor:
+def _as_tensor(ctx: Context, buffer: Buffer, dtype: DType, shape: tuple[int, ...], strides: tuple[int, ...],
+               name: str | None, home: str) -> Tensor:
     """A leaf over `buffer` (contiguous producer) or a view of one spanning its bytes."""
     from .ops.view import _view_of
     from .tensor import Flag, Tensor, contiguous_strides

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from .errors import DTypeError, GGError, ShapeError
 from .graph import Graph
 from .ops import ROPE_NEOX, ROPE_NORMAL
 from .tensor import Tensor
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["Config", "LayerWeights", "Weights", "KVCache", "Batch", "attention_block", "transformer_block",
            "build_forward_pass", "Session", "weight_shapes"]
@@ -460,7 +463,7 @@ class Session:
     def n_past(self) -> int:
         return self.cache.n_past
 
-    def _as_tokens(self, what: str, x, one: bool) -> np.ndarray:
+    def _as_tokens(self, what: str, x: npt.ArrayLike, one: bool) -> np.ndarray:
         x = np.asarray(x)
         if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
             raise DTypeError(f"llama.Session.{what}: x must be numeric, got {x.dtype}")
@@ -488,13 +491,13 @@ class Session:
         self.last = entry
         return entry.out.numpy().reshape(T, self.cfg.n_embd)
 
-    def prefill(self, x) -> np.ndarray:
+    def prefill(self, x: npt.ArrayLike) -> np.ndarray:
         """Run T tokens x (T, n_embd) at positions n_past..n_past+T-1; returns (T, n_embd)."""
         x = self._as_tokens("prefill", x, one=False)
         self.cache.check_room(self.cache.n_past, x.shape[0])
         return self._run(self._fixed(x.shape[0], self.cache.n_past), x)
 
-    def decode(self, x) -> np.ndarray:
+    def decode(self, x: npt.ArrayLike) -> np.ndarray:
         """Run one token x (n_embd,) at position n_past; returns (n_embd,)."""
         x = self._as_tokens("decode", x, one=True)
         self.cache.check_room(self.cache.n_past, 1)

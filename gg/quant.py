@@ -11,12 +11,15 @@ block of a chunk: temporaries stay a few MiB even for a multi-GiB weight.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .dtypes import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, DType
 from .errors import DTypeError, GGError, ShapeError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["dequantize", "quantize", "row_bytes", "check_row_length", "tensor_bytes",
            "DEQUANTIZABLE", "QUANTIZABLE"]
@@ -44,7 +47,7 @@ def row_bytes(dtype: DType, ne0: int) -> int:
     return check_row_length(dtype, ne0, "row_bytes") * dtype.size
 
 
-def tensor_bytes(dtype: DType, ne) -> int:
+def tensor_bytes(dtype: DType, ne: Sequence[int]) -> int:
     """Bytes of a contiguous tensor of element counts `ne` (ne[0] innermost)."""
     ne = tuple(ne)
     if not ne:
@@ -190,7 +193,7 @@ def _blockwise(src: np.ndarray, fn: Callable[[np.ndarray], np.ndarray], out: np.
 
 # ---- public API ------------------------------------------------------------------------------------
 
-def dequantize(raw, dtype: DType) -> np.ndarray:
+def dequantize(raw: np.ndarray | bytes | bytearray | memoryview, dtype: DType) -> np.ndarray:
     """Decode stored bytes of `dtype` to float32.
 
     raw: a uint8 array whose last axis holds one row's bytes, n_blocks * dtype.size of them (any
@@ -232,7 +235,7 @@ def dequantize(raw, dtype: DType) -> np.ndarray:
     return out.reshape(shape)
 
 
-def quantize(x, dtype: DType) -> np.ndarray:
+def quantize(x: npt.ArrayLike, dtype: DType) -> np.ndarray:
     """Encode float values as blocks of `dtype` (Q8_0, Q4_0 or Q4_1).
 
     x: a float array (float16/32/64; rounded to float32 first, as gguf does) whose last axis K is a

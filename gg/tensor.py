@@ -217,7 +217,7 @@ class Tensor:
                 Tensor.keep_epoch += 1
         return self
 
-    def _storage(self):
+    def _storage(self) -> tuple[Buffer, int]:
         root = self.root
         if root.ctx is not None and getattr(root.ctx, "freed", False):
             raise GraphError(f"tensor {self.label()} belongs to a freed context")

@@ -12,7 +12,7 @@ import contextlib
 import statistics
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 
 from ..backends import base
@@ -65,7 +65,7 @@ class Executor:
         return [self._lock] + [lock for lock in locks if lock is not None]
 
     @contextlib.contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         # Plain acquire/release (no ExitStack): this wraps every compute and sits on the host path.
         locks = self._all_locks
         for lock in locks:

@@ -2,6 +2,8 @@
 legal) -> allocate. Never touches a device."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..backends import base
 from .allocate import allocate
 from .assign import assign
@@ -10,8 +12,11 @@ from .guards import guard_bytes
 from .insert import fold_casts, insert
 from .plan import Plan
 
+if TYPE_CHECKING:
+    from .graph import Graph
 
-def make_plan(graph) -> Plan:
+
+def make_plan(graph: Graph) -> Plan:
     """The plan of `graph`: a pure function of the graph and the leaves' current placement (it
     writes nothing onto any tensor)."""
     priority = graph.backends if graph.backends is not None else base.default_priority()

@@ -1,7 +1,7 @@
 """Real copies: cont (to a contiguous tensor) and cpy (into another tensor, with dtype conversion)."""
 from __future__ import annotations
 
-from ..dtypes import I32
+from ..dtypes import I32, DType
 from ..errors import DTypeError, ShapeError
 from ..tensor import Tensor
 from ._check import tensor_arg
@@ -33,7 +33,7 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
 register("cast")
 
 
-def cast(a: Tensor, dtype) -> Tensor:
+def cast(a: Tensor, dtype: DType) -> Tensor:
     """A contiguous copy of a converted to `dtype` (float <-> float). The planner also inserts these
     where a kernel needs another dtype."""
     from ..dtypes import DType

@@ -3,7 +3,7 @@ write over its first source. One entry per op, registered next to its constructo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -25,7 +25,7 @@ class OpInfo:
 OPS: dict[str, OpInfo] = {}
 
 
-def register(name: str, **flags) -> OpInfo:
+def register(name: str, **flags: Any) -> OpInfo:
     info = OpInfo(name, **flags)
     OPS[name] = info
     return info

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from ..errors import ShapeError
 from ..tensor import Tensor, contiguous_strides, pad_ne
@@ -17,7 +18,8 @@ class PermuteParams:
     axes: tuple[int, int, int, int]
 
 
-def _view_of(op: str, a: Tensor, ne, nb, offset: int, params=None) -> Tensor:
+def _view_of(op: str, a: Tensor, ne: Sequence[int], nb: Sequence[int], offset: int,
+             params: Any = None) -> Tensor:
     tensor_arg(op, a)
     offset = integer(op, offset, "offset (bytes)", lo=0)
     nb = tuple(integer(op, b, "nb (byte strides)") for b in nb)
@@ -29,7 +31,7 @@ def _view_of(op: str, a: Tensor, ne, nb, offset: int, params=None) -> Tensor:
                   params=params)
 
 
-def _strides(a: Tensor, ne, nbs) -> tuple[int, ...]:
+def _strides(a: Tensor, ne: Sequence[int], nbs: Sequence[int]) -> tuple[int, ...]:
     given = tuple(integer("view", x, "nb (byte strides)") for x in nbs)
     return (a.dtype.size,) + given + contiguous_strides(a.dtype, pad_ne(ne))[1 + len(nbs):]
 
