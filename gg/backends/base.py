@@ -37,7 +37,8 @@ class KernelChoice(Protocol):
     """What a backend decided runs a step (stored on `Step.choice`); `symbol` is shown in the
     plan and the profile."""
 
-    symbol: str
+    @property
+    def symbol(self) -> str: ...  # read-only: backends store frozen choices
 
 
 class Memory(Protocol):

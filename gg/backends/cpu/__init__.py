@@ -12,7 +12,7 @@ from ...buffer import HostBuffer
 from ...dtypes import DType
 from ...errors import OutOfMemoryError
 from ...tensor import Tensor, decode
-from ..base import Patterns
+from ..base import Backend, Patterns
 from .kernels import KERNELS, WRITES_IN_PLACE
 
 
@@ -128,4 +128,4 @@ class CPUBackend:
         pass
 
 
-BACKEND = CPUBackend()
+BACKEND: Backend = CPUBackend()  # mypy checks the class against the protocol

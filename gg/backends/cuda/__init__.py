@@ -94,4 +94,4 @@ class CUDABackend:
                 runtime._runtime.synchronize()
 
 
-BACKEND = CUDABackend()
+BACKEND: base.Backend = CUDABackend()  # mypy checks the class against the protocol
