@@ -10,10 +10,26 @@ from ....tensor import Tensor
 from .common import Variant
 
 TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
-WARPS = 4  # warps per thread block: one weight row (mat-vec) or one tile of a row (dequant) each
+WARPS = 4  # dequant_rows / get_rows: warps per thread block, one tile of a row each
 TILE = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q4_K: 4, Q6_K: 8}  # blocks per staged tile (a multiple of 16 bytes)
 MAX_COLS = 8  # columns one mat-vec launch takes
-DEFINES = {"quant.cu": {"QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()}}}
+
+# The mat-vec (docs/quantization.md, "CUDA mat-vec"): a block of MV_THREADS threads takes the
+# same MV_ROWS rows (or MV_SLOTS groups of them when rows are short) through K in chunks of
+# MV_ITEM * MV_THREADS elements, MV_STAGES chunks copied ahead into shared memory.
+MV_THREADS = 256
+MV_ITEM = 8  # elements of a row per thread per chunk
+MV_STAGES = 3  # chunks in flight per block (a K = 4096 row is 2 chunks: all of it at once)
+MV_SLOTS = 8  # at most this many row groups side by side when K / MV_ITEM < MV_THREADS
+# Rows per block for one column: each thread's activations serve this many rows (F32 activations
+# are 4-7x the bytes of 4-bit weights: re-reading them per row made L1 the limit), and a block's
+# MV_STAGES chunks stay within 48 KB of static shared memory.
+MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
+MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
+DEFINES = {"quant.cu": {"QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
+                        "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
+                        "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
+                        **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()}}}
 
 
 def rows_2d(a: Tensor) -> bool:
@@ -27,9 +43,18 @@ def dequant_grid(dtype: DType, n_rows: int, ne0: int) -> tuple[tuple[int, int, i
     return (-(-n_rows * tiles // WARPS), 1, 1), (32, WARPS, 1)
 
 
-def matvec_grid(n_rows: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """mul_mat_vec*: a warp per weight row."""
-    return (-(-n_rows // WARPS), 1, 1), (32, WARPS, 1)
+def matvec_rows(dtype: DType, ne0: int, ncols: int) -> int:
+    """Weight rows one block of mul_mat_vec* takes: `slots` groups of R rows, where a row keeps
+    tpr = min(MV_THREADS, ne0 / MV_ITEM) threads busy (the kernel derives the same numbers)."""
+    tpr = max(1, min(MV_THREADS, ne0 // MV_ITEM))
+    slots = min(MV_SLOTS, MV_THREADS // tpr)
+    return slots * (MV_ROWS[dtype] if ncols == 1 else MV_ROWS_MULTI)
+
+
+def matvec_grid(dtype: DType, n_rows: int, ne0: int,
+                ncols: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """mul_mat_vec1_* (ncols 1) / mul_mat_vec_* (2..MAX_COLS): matvec_rows rows per block."""
+    return (-(-n_rows // matvec_rows(dtype, ne0, ncols)), 1, 1), (MV_THREADS, 1, 1)
 
 
 def variants() -> list[Variant]:

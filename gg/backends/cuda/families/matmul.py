@@ -322,9 +322,10 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         from ..cublas import Gemm
         return [Gemm(rt, what, out, a, b, addr)]
     if isinstance(k, QuantMatVec):
-        grid, block = blocks.matvec_grid(a.ne[1])
+        ncols = b.ne[1] * b.ne[2] * b.ne[3]
+        grid, block = blocks.matvec_grid(a.dtype, a.ne[1], a.ne[0], ncols)
         args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).i64(b.nb[1] // 4).ptr(addr(out))
-                .i64(out.nb[1] // 4).i64(a.ne[1]).i64(a.ne[0]).i32(b.ne[1] * b.ne[2] * b.ne[3]))
+                .i64(out.nb[1] // 4).i64(a.ne[1]).i64(a.ne[0]).i32(ncols))
         return [Launch(rt, k.file, k.symbol, grid, block, args, what=what)]
     if isinstance(k, QuantGemm):
         return _lower_quant_gemm(rt, step, k, out, a, b, what)

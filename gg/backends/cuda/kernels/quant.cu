@@ -260,77 +260,423 @@ __device__ __forceinline__ void dequant_rows_impl(const char* src, i64 src_nb1, 
     }
 }
 
-// ---- mat-vec: y[c * y_stride + r] = sum_k W[r, k] * x[c * x_stride + k], c < ncols <= NMAX ------
-// One warp per weight row (QUANT_WARPS rows per thread block); lanes take units of 16 elements
-// of the staged tile in turn and accumulate a * dot(q, x) (+ b * sum(x)); one warp reduction per
-// column at the end.
-template <class Q, int NMAX>
-__device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
-                                                 i64 y_stride, i64 n_rows, i64 ne0, int ncols) {
-    typedef TileOf<Q> TL;
-    __shared__ __align__(16) u8 sm_all[QUANT_WARPS][TL::BYTES];
-    u8* sm = sm_all[threadIdx.y];
-    const int lane = threadIdx.x;
-    const i64 r = (i64)blockIdx.x * QUANT_WARPS + threadIdx.y;
-    if (r >= n_rows) return;  // a whole warp: nothing below syncs the block
-    const char* row = w + r * w_nb1;
-    const i64 nblk = ne0 / Q::QK, ntiles = (nblk + Q::TILE - 1) / Q::TILE;
-    const bool wal = aligned16(w, w_nb1), xal = aligned16(x, x_stride * (i64)sizeof(float));
+// ---- mat-vec: y[c * y_stride + r] = sum_k W[r, k] * x[c * x_stride + k], c < ncols <= QUANT_MV_NMAX --
+// A decode mat-vec reads each weight byte once and must keep ~40-64 KB of it in flight per SM to
+// run at HBM speed, while the work per weight is small enough to hide behind the loads. Design
+// (docs/quantization.md, "CUDA mat-vec", has the numbers):
+//
+// * A block of QUANT_MV_THREADS threads takes R rows (QUANT_MV_ROWS_<type> for one column,
+//   QUANT_MV_ROWS_N for up to QUANT_MV_NMAX), or `slots` groups of R rows when rows are short
+//   (a row of K elements keeps tpr = min(threads, K / 8) threads busy, slots = min(QUANT_MV_SLOTS,
+//   threads / tpr) rows side by side: K = 576 keeps 216 of 256 threads busy). The host derives
+//   the grid from the same formula (families/blocks.py matvec_rows).
+// * K goes in chunks of QUANT_MV_ITEM * threads elements per row. Each chunk of all the block's
+//   rows is copied global -> shared with 16-byte cp.async (no registers held, so the copies in
+//   flight cost no occupancy), QUANT_MV_STAGES chunks ahead: a K = 4096 row is requested whole
+//   before any of it is decoded. Rows need not start 16-byte aligned (K = 576: 324-byte Q4_0
+//   rows): a row's copy starts at the 16-byte boundary below it and the decoder adds the offset.
+// * Each thread owns one "item" per chunk row: 8 elements, two runs of 4 whose F32 activations it
+//   loads as two float4 (a warp's loads cover whole lines) and reuses for all R rows, with their
+//   sums (prep). For every row it decodes the same item from shared memory (Dq: 8 weights as
+//   small exact floats plus the block's scales) and folds it in with 8 FMAs (apply).
+// * No int -> float conversions: I2F issues at a quarter of the FMA rate, more than the whole
+//   instruction budget per weight at HBM speed. A 4-bit q becomes the float 16 + q by one byte
+//   permute of (0x80 | q << 3) under the exponent byte of 16.0 (6-bit: 64 + q), and the constant
+//   comes back out through the activation sums: sum x (q - 8) = sum x (16 + q) - 24 sum x. Q8_0
+//   is exact the same way (2^23 + (q + 128), minus 2^23 + 128 by one FADD).
+// * K-quant scales (6-bit packed, int8) are decoded once per sub-block per row into a shared
+//   table after a chunk lands, not by every thread that reads them.
+// * Partial sums: one per thread and row, summed in a fixed order through shared memory (the
+//   stage buffers, free by then): deterministic, no atomics.
+
+#ifndef QUANT_MV_THREADS
+#error "QUANT_MV_* come from the host as -D (families/blocks.py)"
+#endif
+static_assert(QUANT_MV_ITEM == 8, "an item is two runs of 4 elements (decoders below)");
+static_assert(QUANT_MV_THREADS % 32 == 0 && QUANT_MV_STAGES >= 2, "mat-vec geometry");
+#define MV_CHUNK (QUANT_MV_ITEM * QUANT_MV_THREADS)  // elements of a row per stage at full width
+
+// Staged bytes at the alignment the rows give. AL 2: every row starts 4-byte aligned (then an
+// offset the layout keeps 4-aligned, A4, is one word), 1: 2-aligned (F16 fields always are), 0: any.
+template <int AL> __device__ __forceinline__ unsigned st_u16(const u8* p) {
+    if (AL >= 1) return *(const unsigned short*)p;
+    return (unsigned)p[0] | ((unsigned)p[1] << 8);
+}
+template <int AL, bool A4> __device__ __forceinline__ unsigned st_u32(const u8* p) {
+    if (AL == 2 && A4) return *(const unsigned*)p;
+    return __byte_perm(st_u16<AL>(p), st_u16<AL>(p + 2), 0x5410);
+}
+
+// Byte t of v (which holds 0x80 | m in each byte) under the exponent byte `e` of a power of two:
+// the float e * (1 + m / 128) exactly, one PRMT. e = 0x41 (16.0): m = q << 3 gives 16 + q;
+// e = 0x42 (64.0): m = q << 1 gives 64 + q.
+template <unsigned E> __device__ __forceinline__ float mant_f(unsigned v, int t) {
+    return __int_as_float(__byte_perm(v, E << 24, 0x7044 | (t << 8)));
+}
+// The 8 nibbles of w in element order (low nibbles of bytes 0-3, then high nibbles) as 16 + q.
+__device__ __forceinline__ void nibbles16(unsigned w, float* f) {
+    const unsigned lo = ((w << 3) & 0x78787878u) | 0x80808080u, hi = ((w >> 1) & 0x78787878u) | 0x80808080u;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        f[t] = mant_f<0x41>(lo, t);
+        f[4 + t] = mant_f<0x41>(hi, t);
+    }
+}
+// Signed byte t of w as a float, exactly: 2^23 + (q + 128) by PRMT, then one FADD.
+__device__ __forceinline__ float s8_f(unsigned w_xor80, int t) {
+    return __int_as_float(__byte_perm(w_xor80, 0x4B000000u, 0x7440 | t)) - 8388736.0f;
+}
+__device__ __forceinline__ float sum4(const float* x) { return (x[0] + x[1]) + (x[2] + x[3]); }
+
+// One item of one row, decoded: 8 weights as exact small floats (offset per type) and scales.
+struct Dq {
+    float f[8];
+    float a1, b1, a2, b2;
+};
+
+// Per type: TAB (floats of scale table per block, 0: none), SUB (table entries per block),
+// offs(i): the item's two runs of 4 elements (offsets in the chunk), prep(x, p): the sums of x
+// the offsets need, decode<AL>(row, i, table of the row, q), apply(acc, q, x, p) -> acc.
+template <class Q> struct MV;
+
+template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of block i >> 2, q exact
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q8_0, BLOCKS = 4;
+    static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
+        o1 = 32 * (i >> 2) + 8 * (i & 3);
+        o2 = o1 + 4;
+    }
+    static __device__ __forceinline__ void prep(const float*, float*) {}
+    template <int AL> static __device__ __forceinline__ void decode(const u8* rp, int i, const float*, Dq& q) {
+        const u8* blk = rp + 34 * (i >> 2);
+        const u8* qs = blk + 2 + 8 * (i & 3);
+        const unsigned w0 = st_u32<AL, false>(qs) ^ 0x80808080u, w1 = st_u32<AL, false>(qs + 4) ^ 0x80808080u;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            q.f[t] = s8_f(w0, t);
+            q.f[4 + t] = s8_f(w1, t);
+        }
+        q.a1 = h2f((u16)st_u16<AL>(blk));
+    }
+    static __device__ __forceinline__ float apply(float acc, const Dq& q, const float* x, const float*) {
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
+        return fmaf(q.a1, s, acc);
+    }
+};
+
+template <> struct MV<QQ4_0> {  // item i: bytes 4m..4m+3 (m = i & 3) of block i >> 2: elements 4m.., 16+4m..
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q4_0, BLOCKS = 4;
+    static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
+        o1 = 32 * (i >> 2) + 4 * (i & 3);
+        o2 = o1 + 16;
+    }
+    static __device__ __forceinline__ void prep(const float* x, float* p) { p[0] = -24.0f * (sum4(x) + sum4(x + 4)); }
+    template <int AL> static __device__ __forceinline__ void decode(const u8* rp, int i, const float*, Dq& q) {
+        const u8* blk = rp + 18 * (i >> 2);
+        nibbles16(st_u32<AL, false>(blk + 2 + 4 * (i & 3)), q.f);
+        q.a1 = h2f((u16)st_u16<AL>(blk));
+    }
+    static __device__ __forceinline__ float apply(float acc, const Dq& q, const float* x, const float* p) {
+        float s = p[0];  // sum x (q - 8) = sum x (16 + q) - 24 sum x
+#pragma unroll
+        for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
+        return fmaf(q.a1, s, acc);
+    }
+};
+
+template <> struct MV<QQ4_1> {  // as Q4_0 in 20-byte blocks: x = d q + m
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q4_1, BLOCKS = 4;
+    static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
+        o1 = 32 * (i >> 2) + 4 * (i & 3);
+        o2 = o1 + 16;
+    }
+    static __device__ __forceinline__ void prep(const float* x, float* p) {
+        p[1] = sum4(x) + sum4(x + 4);
+        p[0] = -16.0f * p[1];
+    }
+    template <int AL> static __device__ __forceinline__ void decode(const u8* rp, int i, const float*, Dq& q) {
+        const u8* blk = rp + 20 * (i >> 2);
+        nibbles16(st_u32<AL, true>(blk + 4 + 4 * (i & 3)), q.f);
+        const unsigned dm = st_u32<AL, true>(blk);
+        q.a1 = h2f((u16)(dm & 0xffffu));
+        q.b1 = h2f((u16)(dm >> 16));
+    }
+    static __device__ __forceinline__ float apply(float acc, const Dq& q, const float* x, const float* p) {
+        float s = p[0];  // sum x q = sum x (16 + q) - 16 sum x
+#pragma unroll
+        for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
+        return fmaf(q.b1, p[1], fmaf(q.a1, s, acc));
+    }
+};
+
+template <> struct MV<QQ4_K> {
+    // item i of block i >> 5: qs bytes 32g + 4m.. (j = i & 31, g = j >> 3, m = j & 7), whose low
+    // nibbles are elements 64g + 4m.. (sub-block 2g) and high nibbles 64g + 32 + 4m.. (2g + 1).
+    // Table per block: (a, b) = (d * sc, -(dmin * m) - 16 a) of sub-blocks 0..7 (an item's four
+    // are one V16), so the row sum is a * sum x (16 + q) + b * sum x.
+    static constexpr int TAB = 16, SUB = 8, ROWS = QUANT_MV_ROWS_Q4_K, BLOCKS = 4;
+    static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
+        const int j = i & 31;
+        o1 = 256 * (i >> 5) + 64 * (j >> 3) + 4 * (j & 7);
+        o2 = o1 + 32;
+    }
+    static __device__ __forceinline__ void prep(const float* x, float* p) {
+        p[0] = sum4(x);
+        p[1] = sum4(x + 4);
+    }
+    template <int AL> static __device__ __forceinline__ void entry(const u8* blk, int s, float* tb) {
+        const u8* sc = blk + 4;
+        unsigned scale, mn;
+        if (s < 4) {
+            scale = sc[s] & 63u;
+            mn = sc[s + 4] & 63u;
+        } else {
+            scale = (sc[s + 4] & 15u) | ((unsigned)(sc[s - 4] >> 6) << 4);
+            mn = (unsigned)(sc[s + 4] >> 4) | ((unsigned)(sc[s] >> 6) << 4);
+        }
+        // sum x ((d sc) q - dmin m) = a sum x (16 + q) + (-(dmin m) - 16 a) sum x
+        const float a = __fmul_rn(h2f((u16)st_u16<AL>(blk)), (float)scale);
+        tb[2 * s] = a;
+        tb[2 * s + 1] = -__fmul_rn(h2f((u16)st_u16<AL>(blk + 2)), (float)mn) - 16.0f * a;
+    }
+    template <int AL> static __device__ __forceinline__ void decode(const u8* rp, int i, const float* tab, Dq& q) {
+        const int j = i & 31;
+        nibbles16(st_u32<AL, true>(rp + 144 * (i >> 5) + 16 + 32 * (j >> 3) + 4 * (j & 7)), q.f);
+        const V16 t = *(const V16*)(tab + 16 * (i >> 5) + 4 * (j >> 3));
+        q.a1 = __uint_as_float(t.w[0]);
+        q.b1 = __uint_as_float(t.w[1]);
+        q.a2 = __uint_as_float(t.w[2]);
+        q.b2 = __uint_as_float(t.w[3]);
+    }
+    static __device__ __forceinline__ float apply(float acc, const Dq& q, const float* x, const float* p) {
+        float s1 = x[0] * q.f[0], s2 = x[4] * q.f[4];
+#pragma unroll
+        for (int t = 1; t < 4; ++t) {
+            s1 = fmaf(x[t], q.f[t], s1);
+            s2 = fmaf(x[4 + t], q.f[4 + t], s2);
+        }
+        acc = fmaf(q.a1, s1, acc);
+        acc = fmaf(q.b1, p[0], acc);
+        acc = fmaf(q.a2, s2, acc);
+        return fmaf(q.b2, p[1], acc);
+    }
+};
+
+template <> struct MV<QQ6_K> {
+    // item i of block i >> 5 (j = i & 31, n = j >> 4, c = (j >> 3) & 1, l = 4 (j & 7)): ql bytes
+    // 64n + 32c + l.. (low nibbles: elements 128n + 32c + l.., k = c; high: + 64, k = c + 2) and
+    // qh bytes 32n + l.. (bits 2k). Table per block: d * scales[0..15].
+    static constexpr int TAB = 16, SUB = 16, ROWS = QUANT_MV_ROWS_Q6_K, BLOCKS = 3;
+    static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
+        const int j = i & 31;
+        o1 = 256 * (i >> 5) + 128 * (j >> 4) + 32 * ((j >> 3) & 1) + 4 * (j & 7);
+        o2 = o1 + 64;
+    }
+    static __device__ __forceinline__ void prep(const float* x, float* p) {
+        p[0] = -96.0f * sum4(x);  // sum x (v - 32) = sum x (64 + v) - 96 sum x
+        p[1] = -96.0f * sum4(x + 4);
+    }
+    template <int AL> static __device__ __forceinline__ void entry(const u8* blk, int s, float* tb) {
+        tb[s] = __fmul_rn(h2f((u16)st_u16<AL>(blk + 208)), (float)(signed char)blk[192 + s]);
+    }
+    template <int AL> static __device__ __forceinline__ void decode(const u8* rp, int i, const float* tab, Dq& q) {
+        const int j = i & 31, n = j >> 4, c = (j >> 3) & 1, m = j & 7;
+        const u8* blk = rp + 210 * (i >> 5);
+        const unsigned L = st_u32<AL, false>(blk + 64 * n + 32 * c + 4 * m);
+        const unsigned H = st_u32<AL, false>(blk + 128 + 32 * n + 4 * m) >> (2 * c);
+        // byte = 0x80 | v << 1 with v = low 4 bits | high 2 bits << 4
+        const unsigned lo = ((L << 1) & 0x1E1E1E1Eu) | ((H << 5) & 0x60606060u) | 0x80808080u;
+        const unsigned hi = ((L >> 3) & 0x1E1E1E1Eu) | ((H << 1) & 0x60606060u) | 0x80808080u;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            q.f[t] = mant_f<0x42>(lo, t);
+            q.f[4 + t] = mant_f<0x42>(hi, t);
+        }
+        const float* ts = tab + 16 * (i >> 5) + 8 * n + 2 * c + (m >> 2);
+        q.a1 = ts[0];
+        q.a2 = ts[4];
+    }
+    static __device__ __forceinline__ float apply(float acc, const Dq& q, const float* x, const float* p) {
+        float s1 = p[0], s2 = p[1];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            s1 = fmaf(x[t], q.f[t], s1);
+            s2 = fmaf(x[4 + t], q.f[4 + t], s2);
+        }
+        return fmaf(q.a2, s2, fmaf(q.a1, s1, acc));
+    }
+};
+
+template <class Q> struct MvGeom {
+    static constexpr int CHUNK_BYTES = MV_CHUNK / Q::QK * Q::BYTES;  // a full chunk of one row
+    static_assert(MV_CHUNK % 256 == 0 && CHUNK_BYTES % 16 == 0, "chunks of whole blocks, whole vectors");
+    // A stage: rb = slots * R rows of (chunk bytes + up to 31) each; slots * chunk <= MV_CHUNK.
+    static constexpr int stage_bytes(int R) { return R * (CHUNK_BYTES + 32 * QUANT_MV_SLOTS); }
+};
+
+// v / d for v < 2^20 and d < 2^12, given r = 1.0f / d: the float quotient is within 2^-9 / d of
+// the exact one, which is at least 0.5 / d from an integer (a 32-bit division is ~20 instructions).
+__device__ __forceinline__ int fdiv(int v, float r) { return (int)(((float)v + 0.5f) * r); }
+
+// The 8 activations of an item (two runs of 4 at xc + o1, xc + o2).
+__device__ __forceinline__ void mv_load_x(const float* xc, int o1, int o2, bool vec, float* xv) {
+    if (vec) {
+        const V16 a = *(const V16*)(xc + o1), b = *(const V16*)(xc + o2);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            xv[t] = __uint_as_float(a.w[t]);
+            xv[4 + t] = __uint_as_float(b.w[t]);
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            xv[t] = xc[o1 + t];
+            xv[4 + t] = xc[o2 + t];
+        }
+    }
+}
+
+template <class Q, int R, int NMAX, int AL>
+__device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
+                                       i64 y_stride, i64 n_rows, int K, int ncols, u8* smem, float* tab) {
+    typedef MV<Q> T;
+    constexpr int NT = QUANT_MV_THREADS, S = QUANT_MV_STAGES, STAGE = MvGeom<Q>::stage_bytes(R);
+    const int tid = threadIdx.x;
+    const int tpr = max(1, min(NT, K / QUANT_MV_ITEM)), slots = min(QUANT_MV_SLOTS, NT / tpr);
+    const int rb = slots * R;
+    const i64 r0 = (i64)blockIdx.x * rb;
+    if (r0 >= n_rows) return;  // the whole block
+    const int nr = (int)min((i64)rb, n_rows - r0);
+    if (K <= 0) {  // empty rows: every sum is 0
+        const int N0 = NMAX == 1 ? 1 : ncols;
+        for (int e = tid; e < nr * N0; e += NT) y[(e / nr) * y_stride + r0 + e % nr] = 0.0f;
+        return;
+    }
+    const int slot = tid / tpr, item = tid - slot * tpr;
+    const int chunk = min(K, MV_CHUNK), nchunks = (K + chunk - 1) / chunk;
+    const int cbytes = chunk / Q::QK * Q::BYTES, nv = (cbytes + 15) / 16 + 1, rstride = 16 * nv;
+    const int nbc = chunk / 256;  // K-quant blocks of a full chunk (the table's row pitch / 16)
+    const float rnv = 1.0f / (float)nv;
+    const char* wb = w + r0 * w_nb1;
+    // a row's offset from the 16-byte boundary below it (chunks are whole vectors: every chunk's too)
+    const unsigned wlo = (unsigned)(unsigned long long)wb, nblo = (unsigned)w_nb1;
+    const bool xvec = (((unsigned long long)x | (unsigned long long)(x_stride * 4)) & 15) == 0;
     const int N = NMAX == 1 ? 1 : ncols;
-    float acc[NMAX];
+    int o1, o2;
+    T::offs(item, o1, o2);
+
+    // Chunk c of every row of the block into stage c % S: each row from the 16-byte boundary at
+    // or below its start, the last vector cut to the row's end (cp.async reads only those bytes).
+    auto issue = [&](int c) {
+        u8* sb = smem + (c % S) * STAGE;
+        const int bytes = min(chunk, K - c * chunk) / Q::QK * Q::BYTES;
+#pragma unroll 1
+        for (int v = tid; v < nr * nv; v += NT) {
+            const int j = fdiv(v, rnv), k = v - j * nv;
+            const char* p = wb + (i64)j * w_nb1 + (i64)c * cbytes;
+            const int off = (int)((unsigned long long)p & 15u);
+            const int have = off + bytes - 16 * k;
+            if (have > 0) cp_async16(sb + j * rstride + 16 * k, p - off + 16 * k, min(have, 16));
+        }
+    };
+
+    float acc[R][NMAX];
 #pragma unroll
-    for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
-    V16 buf[TL::VPL];
-    if (ntiles > 0) tile_fetch<TL::VPL>(buf, row, (int)min((i64)Q::TILE, nblk) * Q::BYTES, wal, lane);
-    for (i64 t = 0; t < ntiles; ++t) {
-        const int nb = (int)min((i64)Q::TILE, nblk - t * Q::TILE);
-        tile_store<TL::BYTES, TL::VPL>(sm, buf, lane);
-        __syncwarp();
-        if (t + 1 < ntiles)  // the next tile's loads go out before this one is decoded
-            tile_fetch<TL::VPL>(buf, row + (t + 1) * TL::BYTES,
-                                (int)min((i64)Q::TILE, nblk - (t + 1) * Q::TILE) * Q::BYTES, wal, lane);
-        const float* xt = x + t * (i64)(Q::TILE * Q::QK);
-        for (int u = lane; u < nb * Q::UNITS; u += 32) {
-            const int blk = u / Q::UNITS;
-            float q[16], a, b;
-            int o1, o2;
-            Q::unit(sm + blk * Q::BYTES, u % Q::UNITS, q, a, b, o1, o2);
+    for (int m = 0; m < R; ++m)
 #pragma unroll
-            for (int c = 0; c < NMAX; ++c) {
-                if (c < N) {
-                    const float* x1 = xt + c * x_stride + blk * Q::QK + o1;
-                    const float* x2 = xt + c * x_stride + blk * Q::QK + o2;
-                    float xv[16];
-                    if (xal) {
-                        ld8<float>((const char*)x1, xv);
-                        ld8<float>((const char*)x2, xv + 8);
+        for (int n = 0; n < NMAX; ++n) acc[m][n] = 0.0f;
+
+#pragma unroll
+    for (int c = 0; c < S - 1; ++c) {
+        if (c < nchunks) issue(c);
+        cp_async_commit();
+    }
+    for (int c = 0; c < nchunks; ++c) {
+        if (c + S - 1 < nchunks) issue(c + S - 1);  // into the stage chunk c - 1 used (freed below)
+        cp_async_commit();
+        const int elems = min(chunk, K - c * chunk);
+        const bool live = slot < slots && QUANT_MV_ITEM * item < elems;
+        const float* xc = x + (i64)c * chunk;
+        float xv[8], p[4];
+        if (NMAX == 1 && live) {  // one column: the activations once, for all R rows
+            mv_load_x(xc, o1, o2, xvec, xv);
+            T::prep(xv, p);
+        }
+        cp_async_wait<S - 1>();  // chunk c has landed (this thread's copies) ...
+        __syncthreads();         // ... and everyone's
+        const u8* sb = smem + (c % S) * STAGE;
+        if (T::TAB) {
+            const int nbk = elems / Q::QK, total = nr * nbk * T::SUB;
+            const float rn = 1.0f / (float)nbk;
+#pragma unroll 1
+            for (int e = tid; e < total; e += NT) {
+                const int s = e % T::SUB, rbk = e / T::SUB, j = fdiv(rbk, rn), b = rbk - j * nbk;
+                const u8* rp = sb + j * rstride + ((wlo + (unsigned)j * nblo) & 15u);
+                if constexpr (T::TAB > 0) T::template entry<AL>(rp + b * Q::BYTES, s, tab + 16 * (j * nbc + b));
+            }
+            __syncthreads();
+        }
+        if (live) {
+#pragma unroll
+            for (int m = 0; m < R; ++m) {
+                const int j = slot * R + m;
+                if (j < nr) {
+                    const u8* rp = sb + j * rstride + ((wlo + (unsigned)j * nblo) & 15u);
+                    Dq q;
+                    T::template decode<AL>(rp, item, tab + 16 * j * nbc, q);
+                    if (NMAX == 1) {
+                        acc[m][0] = T::apply(acc[m][0], q, xv, p);
                     } else {
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) {
-                            xv[i] = x1[i];
-                            xv[8 + i] = x2[i];
+                        for (int n = 0; n < NMAX; ++n) {
+                            if (n < N) {
+                                float xn[8], pn[4];
+                                mv_load_x(xc + n * x_stride, o1, o2, xvec, xn);
+                                T::prep(xn, pn);
+                                acc[m][n] = T::apply(acc[m][n], q, xn, pn);
+                            }
                         }
                     }
-                    float dot = 0.0f, sx = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < 16; ++i) {
-                        dot = fmaf(q[i], xv[i], dot);
-                        if (Q::MIN) sx += xv[i];
-                    }
-                    acc[c] = fmaf(a, dot, acc[c]);
-                    if (Q::MIN) acc[c] = fmaf(b, sx, acc[c]);
                 }
             }
         }
-        __syncwarp();  // every lane is done with the tile before the next one overwrites it
+        __syncthreads();  // stage c % S is free for chunk c + S
     }
+
+    // Row sums: thread (slot, item) left row slot * R + m's part in red[m][tid].
+    float* red = (float*)smem;  // R * NT floats <= the stages, idle now (only empty copy groups remain)
+    const int warp = tid >> 5, lane = tid & 31;
 #pragma unroll
-    for (int c = 0; c < NMAX; ++c) {
-        if (c < N) {
-            const float v = warp_sum(acc[c]);
-            if (lane == 0) y[c * y_stride + r] = v;
+    for (int n = 0; n < NMAX; ++n) {
+        if (n < N) {
+#pragma unroll
+            for (int m = 0; m < R; ++m) red[m * NT + tid] = acc[m][n];
+            __syncthreads();
+            for (int j = warp; j < nr; j += NT / 32) {
+                const float* pr = red + (j % R) * NT + (j / R) * tpr;
+                float v = 0.0f;
+#pragma unroll 1
+                for (int t = lane; t < tpr; t += 32) v += pr[t];
+                v = warp_sum(v);
+                if (lane == 0) y[n * y_stride + r0 + j] = v;
+            }
+            __syncthreads();
         }
     }
+}
+
+template <class Q, int R, int NMAX>
+__device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
+                                                 i64 y_stride, i64 n_rows, i64 ne0, int ncols) {
+    constexpr int STAGE = MvGeom<Q>::stage_bytes(R);
+    static_assert(QUANT_MV_STAGES * STAGE >= R * QUANT_MV_THREADS * 4, "the row sums reuse the stages");
+    __shared__ __align__(16) u8 smem[QUANT_MV_STAGES * STAGE];
+    __shared__ __align__(16) float tab[MV<Q>::TAB > 0 ? R * (MV_CHUNK / 256) * 16 : 4];
+    const unsigned long long a = (unsigned long long)w | (unsigned long long)w_nb1;
+    if ((a & 3) == 0) mv_run<Q, R, NMAX, 2>(w, w_nb1, x, x_stride, y, y_stride, n_rows, (int)ne0, ncols, smem, tab);
+    else if ((a & 1) == 0) mv_run<Q, R, NMAX, 1>(w, w_nb1, x, x_stride, y, y_stride, n_rows, (int)ne0, ncols, smem, tab);
+    else mv_run<Q, R, NMAX, 0>(w, w_nb1, x, x_stride, y, y_stride, n_rows, (int)ne0, ncols, smem, tab);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
@@ -361,15 +707,17 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
         gg_grid_sync();                                                                                           \
         dequant_rows_impl<Q, f16, true>(src, src_nb1, dst, dst_nb1, n_rows, ne0, ids, n_src_rows, err, code);     \
     }                                                                                                             \
-    extern "C" __global__ void mul_mat_vec_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride,       \
-                                                     float* y, i64 y_stride, i64 n_rows, i64 ne0, int ncols) {    \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, 3)                                                \
+        mul_mat_vec_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,     \
+                              i64 n_rows, i64 ne0, int ncols) {                                                   \
         gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, 8>(w, w_nb1, x, x_stride, y, y_stride, n_rows, ne0, ncols);                           \
+        mul_mat_vec_impl<Q, QUANT_MV_ROWS_N, QUANT_MV_NMAX>(w, w_nb1, x, x_stride, y, y_stride, n_rows, ne0, ncols);\
     }                                                                                                             \
-    extern "C" __global__ void mul_mat_vec1_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride,      \
-                                                      float* y, i64 y_stride, i64 n_rows, i64 ne0, int ncols) {   \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                                \
+        mul_mat_vec1_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,    \
+                               i64 n_rows, i64 ne0, int ncols) {                                                  \
         gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, 1>(w, w_nb1, x, x_stride, y, y_stride, n_rows, ne0, ncols);                           \
+        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1>(w, w_nb1, x, x_stride, y, y_stride, n_rows, ne0, ncols);              \
     }
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
