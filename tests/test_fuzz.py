@@ -3,10 +3,10 @@ sharing nodes computed in random orders, writes into persistent leaves, fused an
 CUDA, against float64 numpy (tests/fuzz_graphs.py; docs/testing.md explains the limits).
 
 Budget (environment):
-    GG_FUZZ_EXAMPLES   programs per test (default 12: the file runs in a few seconds on 2 cores)
+    GG_FUZZ_EXAMPLES   programs per test (default 50: the file runs in about 5 s on 2 cores)
     GG_FUZZ_SEED       unset: derandomized (the same programs every run, as CI needs);
                        an integer: random generation from that seed (explore new programs)
-The module prints "fuzz: N graphs computed ..." at its end.
+The session summary gets a line "fuzz: N programs, M graph computes, ..." (counted over all backends).
 
 Run big on a GPU:  GG_FUZZ_EXAMPLES=2000 python -m pytest -q -m cuda tests/test_fuzz.py
 """
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, seed, settings
 import gg
 from fuzz_graphs import COUNTS, Reference, compare, execute, programs
 
-EXAMPLES = int(os.environ.get("GG_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("GG_FUZZ_EXAMPLES", "50"))
 SEED = os.environ.get("GG_FUZZ_SEED")
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES, deadline=None, derandomize=not SEED, database=None, print_blob=True,
@@ -34,15 +34,23 @@ def fuzz(fn):
     return seed(int(SEED))(fn) if SEED else fn
 
 
+class _Summary:
+    """A plugin registered at run time (conftest.py is not ours): one line in the terminal summary."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter):
+        if COUNTS["graphs"]:
+            terminalreporter.write_line(
+                f"fuzz: {COUNTS['programs']} programs, {COUNTS['graphs']} graph computes, {COUNTS['compared']} "
+                f"values compared, {COUNTS['skipped']} ill-conditioned not compared, intermediates "
+                f"{COUNTS['intermediates_read']} read right / {COUNTS['intermediates_refused']} refused, "
+                f"{COUNTS['known_bug_skips']} reads stepped around known bugs (GG_FUZZ_EXAMPLES={EXAMPLES})")
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _report(request):
-    yield
-    rep = request.config.pluginmanager.get_plugin("terminalreporter")
-    if rep is not None and COUNTS["graphs"]:
-        rep.write_line(f"\nfuzz: {COUNTS['programs']} programs, {COUNTS['graphs']} graph computes, "
-                       f"{COUNTS['compared']} values compared, {COUNTS['skipped']} ill-conditioned skipped, "
-                       f"intermediates {COUNTS['intermediates_read']} read right / {COUNTS['intermediates_refused']} refused "
-                       f"(GG_FUZZ_EXAMPLES={EXAMPLES})")
+def _summary(request):
+    if not request.config.pluginmanager.has_plugin("gg-fuzz-summary"):
+        request.config.pluginmanager.register(_Summary(), "gg-fuzz-summary")
 
 
 def check_program(prog, backends):
@@ -73,3 +81,30 @@ def test_fuzz_cpu(prog):
 @given(prog=programs())
 def test_fuzz_cuda(prog):
     check_program(prog, ("cuda", "cpu"))
+
+
+# ---- bugs the fuzzer found, shrunk by hand (fuzz_graphs.KNOWN_BUGS steps around them meanwhile) ----
+# Each passes today as an expected failure and flips (strict) once gg is fixed: then delete the
+# entry from KNOWN_BUGS and the xfail mark.
+
+@pytest.mark.xfail(strict=True, reason="view_output_reads_latest_root: numpy() of a view output reads its "
+                   "root's value from the latest graph that computed the root, not from its own graph")
+def test_a_view_output_keeps_what_its_graph_computed():
+    x = gg.tensor(np.arange(1, 7, dtype=np.float32))
+    h = gg.scale(x, 2.0)
+    v = gg.view_1d(h, 3, 0)
+    g1 = gg.build_forward(v, backends=("cpu",))
+    g2 = gg.build_forward(gg.scale(h, 3.0), keep=[h], backends=("cpu",))
+    g1.compute()
+    x.set(np.full(6, 10, np.float32))
+    g2.compute()   # recomputes h for g2; v is an output of g1 only
+    np.testing.assert_array_equal(v.numpy(), [2, 4, 6])
+
+
+@pytest.mark.xfail(strict=True, reason="fused_cast_of_reshape: with fusion on, cast(reshape(op node)) "
+                   "raises GraphError 'has no memory in this plan' at compute")
+def test_cast_of_a_reshaped_node_computes_when_fused():
+    x = gg.tensor(np.arange(8, dtype=np.float32))
+    y = gg.cast(gg.reshape(gg.scale(x, 2.0), 2, 4), gg.F16)
+    gg.build_forward(y, backends=("cpu",)).compute()
+    np.testing.assert_array_equal(y.numpy(), (2 * np.arange(8)).reshape(4, 2).astype(np.float16))
