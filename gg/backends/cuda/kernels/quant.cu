@@ -2,12 +2,11 @@
 // (get_rows, and F16 weights for a cuBLAS prefill GEMM) and the decode mat-vec with F32
 // activations. Layouts and launch geometry: docs/quantization.md.
 //
-// Every kernel stages a "tile" of a row (a whole number of blocks, a multiple of 16 bytes) from
-// global memory into its warp's slice of shared memory with coalesced 16-byte streaming loads
-// (blocks of 34, 18 or 210 bytes straddle any 16-byte grid, so decoding straight from registers
-// would need unaligned loads), then each lane decodes "units" of 16 elements from there. The
-// mat-vec fetches the next tile into registers before decoding the current one: a warp keeps up
-// to 1.7 KB of weights in flight while it computes, and each weight byte is read exactly once.
+// Blocks of 34, 18 or 210 bytes straddle any 16-byte grid, so every kernel stages whole 16-byte
+// vectors of the raw rows in shared memory and decodes from there. dequant_rows / get_rows: a
+// warp per "tile" of a row (a whole number of blocks, a multiple of 16 bytes), lanes decoding
+// "units" of 16 elements. The mat-vec (below, with its own design notes): a thread block per
+// group of rows, chunks of every row copied ahead with cp.async; each weight byte is read once.
 //
 // Dequantization is bit-identical to gg.quant.dequantize (and gguf's numpy code): each value is
 // computed with the same float32 operations in the same order, every rounding explicit (__fmul_rn
@@ -334,13 +333,15 @@ struct Dq {
     float a1, b1, a2, b2;
 };
 
-// Per type: TAB (floats of scale table per block, 0: none), SUB (table entries per block),
+// Per type: TAB (floats of scale table per block, 0: none), SUB (table entries per block), ROWS
+// (R for one column), BLOCKS (blocks per SM the one-column build is register-capped for: the
+// largest that compiles without spills for sm_90; the registers, not shared memory, bound them),
 // offs(i): the item's two runs of 4 elements (offsets in the chunk), prep(x, p): the sums of x
 // the offsets need, decode<AL>(row, i, table of the row, q), apply(acc, q, x, p) -> acc.
 template <class Q> struct MV;
 
 template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of block i >> 2, q exact
-    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q8_0, BLOCKS = 4;
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q8_0, BLOCKS = 5;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
         o1 = 32 * (i >> 2) + 8 * (i & 3);
         o2 = o1 + 4;
