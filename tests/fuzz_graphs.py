@@ -349,7 +349,7 @@ class _Gen:
 
     def leaf(self, ne, dtype, kind="normal", params=(), persistent=False) -> int:
         return self.add_item(Item(None, (), params, tuple(ne), dtype, len(self.items), contiguous(ne),
-                                  kind=kind, persistent=persistent, stateful=persistent))
+                                  kind=kind, persistent=persistent, stateful=persistent, neg_inf=kind == "mask"))
 
     def node(self, op, srcs, params, ne, dtype, **flags) -> int:
         """An op node that is its own root; its value is computed and range-checked here."""
@@ -357,7 +357,8 @@ class _Gen:
         it = Item(op, tuple(srcs), tuple(params), tuple(ne), dtype, i, contiguous(ne),
                   neg_inf=flags.get("neg_inf", False),
                   stateful=any(self.items[s].stateful for s in srcs))
-        v = apply(op, it.params, [self.value(s) for s in srcs], it)
+        with np.errstate(all="ignore"):   # a non-finite result is rejected just below
+            v = apply(op, it.params, [self.value(s) for s in srcs], it)
         if dtype is not I32:
             v = stored(v, dtype)
             fin = v[np.isfinite(v)]
