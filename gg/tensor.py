@@ -225,7 +225,9 @@ class Tensor:
             if root.buffer is None:
                 raise GraphError(f"tensor {self.label()} has no storage")
             return root.buffer, root.offset
-        where = _results.get(root)
+        where = _results.get(self)  # what a graph that outputs (keeps) this very tensor computed
+        if where is None and self is not root:
+            where = _results.get(root)  # a view of an output: its root's latest value
         if where is None:
             if root.flags & (Flag.OUTPUT | Flag.KEEP):
                 raise GraphError(f"tensor {self.label()} has no value yet: compute a graph that has it "

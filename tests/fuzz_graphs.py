@@ -56,10 +56,7 @@ ALL_OPS = ("add", "sub", "mul", "div", "scale", "silu", "gelu", "rms_norm", "nor
 # gg bugs the fuzzer found that are not fixed yet (each has an xfail(strict) regression test in
 # tests/test_fuzz.py): the checker steps around them so the rest stays tested. GG_FUZZ_KNOWN_BUGS=check
 # checks them anyway; delete an entry once its regression test passes.
-KNOWN_BUGS = set() if os.environ.get("GG_FUZZ_KNOWN_BUGS") == "check" else {
-    "view_output_reads_latest_root",   # a view output reads its root's value from the latest graph computing it
-    "fused_cast_of_reshape",           # fused plan: cast(reshape(op node)) -> GraphError "has no memory in this plan"
-}
+KNOWN_BUGS: set[str] = set()  # none left: both bugs the fuzzer found are fixed (their tests in test_fuzz.py)
 
 COUNTS: Counter = Counter()   # graphs computed, outputs compared, outputs skipped (ill-conditioned) ...
 

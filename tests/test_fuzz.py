@@ -83,12 +83,10 @@ def test_fuzz_cuda(prog):
     check_program(prog, ("cuda", "cpu"))
 
 
-# ---- bugs the fuzzer found, shrunk by hand (fuzz_graphs.KNOWN_BUGS steps around them meanwhile) ----
-# Each passes today as an expected failure and flips (strict) once gg is fixed: then delete the
-# entry from KNOWN_BUGS and the xfail mark.
+# ---- bugs the fuzzer found, shrunk by hand and fixed (kept as regression tests) ----
+# A new bug goes here as an xfail(strict=True) test with an entry in fuzz_graphs.KNOWN_BUGS (the
+# fuzzer steps around it meanwhile); both go once it is fixed.
 
-@pytest.mark.xfail(strict=True, reason="view_output_reads_latest_root: numpy() of a view output reads its "
-                   "root's value from the latest graph that computed the root, not from its own graph")
 def test_a_view_output_keeps_what_its_graph_computed():
     x = gg.tensor(np.arange(1, 7, dtype=np.float32))
     h = gg.scale(x, 2.0)
@@ -101,8 +99,6 @@ def test_a_view_output_keeps_what_its_graph_computed():
     np.testing.assert_array_equal(v.numpy(), [2, 4, 6])
 
 
-@pytest.mark.xfail(strict=True, reason="fused_cast_of_reshape: with fusion on, cast(reshape(op node)) "
-                   "raises GraphError 'has no memory in this plan' at compute")
 def test_cast_of_a_reshaped_node_computes_when_fused():
     x = gg.tensor(np.arange(8, dtype=np.float32))
     y = gg.cast(gg.reshape(gg.scale(x, 2.0), 2, 4), gg.F16)

@@ -100,7 +100,9 @@ class Executor:
         for name, size in self.plan.alloc.arena_bytes.items():
             self.arenas[name] = base.get(name).alloc(max(size, 1))
         self.memory = memory = Memory(self.arenas, self.plan.alloc.offsets, self.plan.alloc.workspace)
-        self.published = [(t, memory.locate(t)) for t in self.plan.kept]
+        # each output / kept tensor itself (a view too): another graph computing its root later
+        # must not change what this graph returned through the view
+        self.published = [(t, memory.locate(t)) for t in self.plan.published]
         guarded = self.plan.alloc.guard > 0
         segments: list = []
         run: list[Step] = []

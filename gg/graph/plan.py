@@ -38,6 +38,7 @@ class Plan:
     backends: tuple[str, ...]
     outputs: Sequence[Tensor]
     kept: frozenset[Tensor] = frozenset()
+    published: tuple[Tensor, ...] = ()  # the outputs and kept tensors themselves (views too)
     leaf_homes: dict[Tensor, str] = field(default_factory=dict)
 
     @property

@@ -31,4 +31,5 @@ def make_plan(graph: Graph) -> Plan:
         steps = fold_casts(steps, kept)
     leaf_homes = {t: b for t, b in where.items() if t.op is None}
     return Plan(steps, allocate(steps, kept, guard=guard_bytes()), tuple(priority), list(graph.outputs),
-                kept=frozenset(t.root for t in kept if t.root.op is not None), leaf_homes=leaf_homes)
+                kept=frozenset(t.root for t in kept if t.root.op is not None), leaf_homes=leaf_homes,
+                published=tuple(t for t in kept if t.root.op is not None))

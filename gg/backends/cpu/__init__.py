@@ -60,6 +60,15 @@ class _Program:
                 times.append(time.perf_counter() - t0)
         return times
 
+    def _value(self, s: Tensor, values: dict) -> np.ndarray:
+        """A source's values: a node computed earlier in the step (or a reshape of one: a cast the
+        planner folded in reads the product through it), else from memory."""
+        if s in values:
+            return values[s]
+        if s.root in values and s.is_reshape_of_root():
+            return values[s.root].reshape(s.ne[::-1])
+        return load(s, self.memory)
+
     def _run_step(self, step) -> None:
         mem = self.memory
         values: dict[Tensor, np.ndarray] = {}
@@ -68,7 +77,7 @@ class _Program:
                 srcs = step.srcs(node)
                 KERNELS[node.op](node, host_view(node, mem), *[load(s, mem) for s in srcs[1:]])
                 return
-            args = [values[s] if s in values else load(s, mem) for s in step.srcs(node)]
+            args = [self._value(s, values) for s in step.srcs(node)]
             values[node] = KERNELS[node.op](node, *args)
         out = step.out
         host_view(out, mem)[...] = dtypes.encode(values[out], out.dtype)

@@ -114,6 +114,7 @@ def path(node: Tensor, a: Tensor, b: Tensor) -> str:
         return "vec"
     if not have_cublas():
         return "tiled"
+    b_batch: int | None
     if b.dtype is not a.dtype:
         b_gemm, b_batch, b_ld = True, 0 if b.ne[2] * b.ne[3] == 1 else b.ne[0] * b.ne[1], b.ne[0]
     else:
@@ -280,7 +281,7 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
     row, into nrows rows of a float destination (one plane)."""
     dst, b, idx = srcs(node)
     roped = rope is not None and b.root is rope
-    found = _rows_of(b, rope if roped else mm)
+    found = _rows_of(b, rope if rope is not None and roped else mm)
     if (found is None or not floats(dst, b) or idx.dtype is not I32 or node.dtype is not dst.dtype
             or b.ne[2] * b.ne[3] != 1 or dst.ne[2] * dst.ne[3] != 1 or idx.nb[0] != idx.dtype.size
             or dst.ne[0] * dst.ne[1] > 2 ** 31 - 1):
