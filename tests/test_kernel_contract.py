@@ -135,6 +135,7 @@ def _graphs() -> list:
         plan(gg.mul_mat(w, v))
         if T <= 8:
             plan(gg.add(gg.mul_mat(w, v), ctx.tensor(rng.standard_normal((T, 96)).astype(np.float32))))
+    plan(gg.argmax(ctx.tensor(rng.standard_normal((2, 1000)).astype(np.float32))))
     from test_quant_ops import random_weights
     for dt in (gg.Q8_0, gg.Q4_K):  # blocks read in place (1 and 3 columns), dequantized for a GEMM, gathered
         wq = random_weights(rng, dt, 64, 512, ctx)
@@ -163,7 +164,7 @@ def test_every_choice_is_in_the_catalog_and_fits_its_signature(monkeypatch):
     assert not problems, "\n".join(problems)
     files = {r.file for r in records}
     assert files >= {"binary.cu", "unary.cu", "norm.cu", "softmax.cu", "rope.cu", "rows.cu", "cpy.cu",
-                     "mul_mat.cu", "attn.cu", "quant.cu"}
+                     "mul_mat.cu", "attn.cu", "quant.cu", "reduce.cu"}
 
 
 def test_a_planted_mismatch_is_caught(monkeypatch):

@@ -92,11 +92,16 @@ def test_get_rows_quantized_cpu(dt, rng):
     assert np.array_equal(r.numpy(), w.numpy()[[8, 0, 3, 3]])
 
 
+# (rows, K, columns, batch): one and several columns, rows not 16-byte aligned (K = 576: 3 row groups
+# per block), many chunks per row (K = 14336), a partial last chunk (K = 2560), the GEMM path
+CUDA_CASES = [(33, 512, 1, 1), (96, 4096, 1, 1), (33, 512, 3, 1), (65, 1024, 8, 1), (40, 512, 3, 2),
+              (70, 512, 40, 1), (257, 2048, 512, 1), (257, 576, 1, 1), (61, 14336, 1, 1), (37, 2560, 1, 1),
+              (19, 4096, 2, 1), (45, 576, 8, 1)]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("dt", TYPES)
-@pytest.mark.parametrize("rows,k,cols,batch", [(33, 512, 1, 1), (96, 4096, 1, 1), (33, 512, 3, 1),
-                                               (65, 1024, 8, 1), (40, 512, 3, 2), (70, 512, 40, 1),
-                                               (257, 2048, 512, 1)])
+@pytest.mark.parametrize("dt,rows,k,cols,batch", [(dt, *c) for dt in TYPES for c in CUDA_CASES
+                                                  if c[1] % dt.block_size == 0])
 def test_mul_mat_quantized_cuda(dt, rows, k, cols, batch, rng):
     w, xa, y = _mul_mat_case(rng, dt, rows, k, cols, batch)
     g = gg.build_forward(y, backends=("cuda",))

@@ -1,0 +1,50 @@
+"""argmax over dim 0 (greedy decoding's token id): numpy's rules (first index on ties, NaN wins) on
+the CPU and CUDA, odd sizes, F16/BF16 sources, strided views."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gg
+
+
+def _rows(rng, n, rows):
+    a = rng.standard_normal((rows, n)).astype(np.float32)
+    a[0, n // 3] = a[0, n - 1] = 9.0          # a tie: the first wins
+    if rows > 1:
+        a[1, n // 2] = np.nan                  # a NaN wins
+    if rows > 2:
+        a[2, :] = -np.inf                      # all -inf: index 0
+    return a
+
+
+def _check(backends, rng, n, rows, dtype):
+    a = _rows(rng, n, rows)
+    x = gg.tensor(a.astype(dtype)) if dtype is not np.float32 else gg.tensor(a)
+    y = gg.argmax(x)
+    gg.build_forward(y, backends=backends).compute()
+    want = np.argmax(a.astype(dtype).astype(np.float32), axis=-1)
+    assert y.dtype is gg.I32 and y.ne == (1, rows, 1, 1)
+    assert np.array_equal(y.numpy().reshape(-1), want)
+
+
+@pytest.mark.parametrize("n,rows", [(1, 1), (5, 3), (1025, 4), (49152, 2)])
+def test_argmax_cpu(n, rows, rng):
+    _check(("cpu",), rng, n, rows, np.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n,rows", [(1, 1), (5, 3), (33, 7), (1025, 4), (49152, 2), (128256, 1)])
+def test_argmax_cuda(n, rows, dtype, rng):
+    _check(("cuda",), rng, n, rows, dtype)
+
+
+@pytest.mark.cuda
+def test_argmax_cuda_of_a_transposed_view(rng):
+    a = _rows(rng, 37, 5)
+    y = gg.argmax(gg.transpose(gg.tensor(np.ascontiguousarray(a.T))))
+    g = gg.build_forward(y, backends=("cuda",))
+    assert g.plan.steps[0].kernel == "argmax_f32"
+    g.compute()
+    assert np.array_equal(y.numpy().reshape(-1), np.argmax(a, axis=-1))
