@@ -26,7 +26,7 @@ from ..ops import ROPE_NEOX
 from ..tensor import Tensor
 from .hparams import HParams
 from .progress import Progress
-from .weights import notice_once, stored_dtype, to_array, to_gg_tensor
+from .weights import notice_once, stacked_tensor, to_gg_tensor
 
 
 @dataclass
@@ -73,16 +73,12 @@ def load_weights(src, hp: HParams, ctx: Context, show_progress: bool | None = No
     def stacked(names: Sequence[str], label: str) -> Tensor:
         # q, k and v rows stacked into one leaf: one product computes all three
         nonlocal done
-        parts, types = [], set()
+        parts = []
         for n in names:
             st = src.tensor(n)
-            parts.append(to_array(n, st.raw, st.ggml_type, st.ne))
-            types.add(stored_dtype(st.ggml_type))
+            parts.append((n, st.raw, st.ggml_type, tuple(st.ne)))
             done += st.nbytes
-        dtype = types.pop() if len(types) == 1 else F32
-        axis = 0
-        t = ctx.tensor(np.concatenate([np.asarray(p, np.float32) if dtype is F32 else p for p in parts],
-                                      axis=axis), name=label, dtype=dtype)
+        t = stacked_tensor(ctx, label, parts)
         bar.update(done)
         return t
 
