@@ -22,11 +22,12 @@ tests)
             nice cmake --build /tmp/lcpp/build -j12 --target llama-bench llama-quantize > /tmp/lcpp_build.log 2>&1; \
             echo done > /tmp/lcpp_done" < /dev/null > /dev/null 2>&1 &
     fi
-    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_quant_ops.py tests/test_argmax.py tests/test_interop.py \
-        tests/test_values.py 2>&1 | tail -5 | tee "$OUT/pytest_new.log"
-    GG_FUZZ_EXAMPLES=${GG_FUZZ_EXAMPLES:-2000} timeout 300 python3 -m pytest -m cuda -q -p no:cacheprovider \
-        tests/test_fuzz.py 2>&1 | tail -5 | tee "$OUT/fuzz_cuda.log"
-    timeout 150 python3 bench/bench_quant.py 2>&1 | tee "$OUT/bench_quant.log" | grep -E "^mul_mat|^gg"
+    [ -n "${NO_NEW:-}" ] || python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_quant_ops.py tests/test_argmax.py \
+        tests/test_interop.py tests/test_values.py 2>&1 | tail -5 | tee "$OUT/pytest_new.log"
+    GG_FUZZ_PROGRESS=1 GG_FUZZ_EXAMPLES=${GG_FUZZ_EXAMPLES:-2000} timeout ${FUZZ_TIMEOUT:-420} python3 -m pytest -m cuda -q -s \
+        -p no:cacheprovider tests/test_fuzz.py > "$OUT/fuzz_cuda.log" 2>&1; echo "fuzz exit $?"; tail -4 "$OUT/fuzz_cuda.log"
+    [ -n "${NO_BENCH:-}" ] || timeout 150 python3 bench/bench_quant.py 2>&1 | tee "$OUT/bench_quant.log" | grep -E "^mul_mat|^gg"
+    cp /tmp/lcpp_cmake.log /tmp/lcpp_build.log "$OUT/" 2>/dev/null; tail -3 /tmp/lcpp_cmake.log /tmp/lcpp_build.log 2>/dev/null
     ;;
 models)
     for _ in $(seq 1 60); do [ -f /tmp/lcpp_done ] && break; sleep 5; done

@@ -68,6 +68,9 @@ def check_program(prog, backends):
                     if exact.dtype.kind == "f" else unfused[key].reshape(exact.shape), noisy, ref.tol[i],
                     f"#{i} fused vs unfused")
     COUNTS["programs"] += 1
+    if os.environ.get("GG_FUZZ_PROGRESS") and COUNTS["programs"] % 100 == 0:  # long runs: a line per 100
+        print(f"fuzz progress: {COUNTS['programs']} programs, {COUNTS['graphs']} graph computes, "
+              f"{COUNTS['compared']} values compared", flush=True)
 
 
 @fuzz
