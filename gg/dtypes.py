@@ -30,6 +30,16 @@ class DType:
     def __repr__(self) -> str:
         return f"gg.{self.name.upper()}"
 
+    # gg compares dtypes by identity: a pickled or copied dtype is the same singleton
+    def __reduce__(self) -> tuple:
+        return (by_name, (self.name,))
+
+    def __copy__(self) -> "DType":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "DType":
+        return self
+
 
 F32 = DType("f32", 4, np.dtype(np.float32), True, gguf_type=0)
 F16 = DType("f16", 2, np.dtype(np.float16), True, gguf_type=1)
@@ -104,3 +114,11 @@ def encode(values: np.ndarray, dtype: DType) -> np.ndarray:
         return np.asarray(values).astype(np.int32)
     with np.errstate(over="ignore"):  # F16 overflow to +-inf is IEEE's (and gg's) defined result
         return np.asarray(values).astype(dtype.storage)
+
+
+def by_name(name: str) -> DType:
+    """The dtype called `name` ("f32", "q4_k", ...)."""
+    for t in ALL:
+        if t.name == name:
+            return t
+    raise ValueError(f"unknown gg dtype {name!r}; known: {[t.name for t in ALL]}")

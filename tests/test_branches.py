@@ -56,6 +56,20 @@ def test_a_later_reader_is_the_join(monkeypatch):
                                                     branches.Branch(step=3, after=1, join=4)]
 
 
+def test_a_branch_waits_for_the_main_step_it_conflicts_with(monkeypatch):
+    # found by the fuzzer on the H100: "e" reuses the bytes "c" reads (arena reuse) and reads the
+    # leaf write "w" that ran on the side stream from the start. Waiting for the side step's event
+    # alone let "e" overwrite "c"'s input while "c" still ran on the main stream.
+    flow = [(("x",), "a"), (("a",), "b"), (("b",), "c"), (("y",), "w"), (("w",), "s"), (("s",), "t"),
+            (("w",), "e")]
+    base = {n: i * 4096 for i, n in enumerate(["x", "a", "c", "y", "w", "s", "t"])}
+    base["b"] = base["e"] = 1 << 20
+    steps, per_step = _plan(monkeypatch, base, flow)
+    got = branches.side_steps(steps, per_step)
+    assert branches.Branch(step=3, after=-1, join=4) in got
+    assert branches.Branch(step=6, after=2, join=7) in got  # after "c" (main), not after "w" (side)
+
+
 @pytest.mark.parametrize("kind", ["cublas", "empty"])
 def test_only_gg_kernels_leave_the_main_stream(monkeypatch, kind):
     base = {n: i * 4096 for i, n in enumerate(["x", "qkv", "rope", "K", "V", "o"])}

@@ -255,3 +255,15 @@ def test_cpu_kernels_raise_no_warnings_on_specials(make):
         warnings.simplefilter("error")
         gg.build_forward(y, backends=CPU).compute()
         y.numpy()
+
+
+def test_a_pickled_or_copied_dtype_is_the_same_dtype():
+    # gg compares dtypes by identity (`t.dtype is gg.F32`): a copy that is merely equal would make
+    # backends refuse ops they support
+    import copy
+    import pickle
+    for dt in gg.dtypes.ALL:
+        assert pickle.loads(pickle.dumps(dt)) is dt
+        assert copy.copy(dt) is dt and copy.deepcopy(dt) is dt
+    with pytest.raises(ValueError, match="unknown gg dtype"):
+        gg.dtypes.by_name("f8")

@@ -56,13 +56,19 @@ def side_steps(steps: Sequence, per_step: Sequence[Sequence]) -> list[Branch]:
                 or _overlap(reads[i], writes[j]))
 
     out: list[Branch] = []
+    side: set[int] = set()
     n = len(steps)
     for j in range(1, n):
         if not per_step[j] or not all(isinstance(r, Launch) for r in per_step[j]):
             continue
-        after = max((i for i in range(j) if conflict(i, j)), default=-1)
-        if after >= j - 1:
-            continue
+        # Waiting for main-stream step `after` orders j after every main step up to it; an earlier
+        # side step is ordered by the side stream itself. So `after` is the last conflicting step
+        # on the main stream: a side step's event would not cover a main step it ran beside.
+        needs = [i for i in range(j) if conflict(i, j)]
+        if needs and needs[-1] == j - 1:
+            continue  # it needs the step right before it: nothing would overlap
+        after = max((i for i in needs if i not in side), default=-1)
         join = next((m for m in range(j + 1, n) if conflict(j, m)), n)
         out.append(Branch(j, after, join))
+        side.add(j)
     return out
