@@ -17,7 +17,7 @@ tests)
     if [ ! -x $B/llama-bench ] && [ -f .anchors/llama.cpp.tgz ]; then
         mkdir -p /tmp/lcpp && tar xzf .anchors/llama.cpp.tgz -C /tmp/lcpp
         setsid bash -c "cmake -S /tmp/lcpp -B /tmp/lcpp/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lcpp_cmake.log 2>&1 && \
             nice cmake --build /tmp/lcpp/build -j12 --target llama-bench llama-quantize > /tmp/lcpp_build.log 2>&1; \
             echo done > /tmp/lcpp_done" < /dev/null > /dev/null 2>&1 &
