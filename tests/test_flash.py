@@ -1,8 +1,10 @@
 """The fused attention step (K·q -> scale -> mask -> softmax -> ·V as one flash-decoding kernel).
 
 Plan tests need no GPU; the `cuda` tests compare the fused kernel with a float64 numpy
-reference and with the same graph unfused, on cache-shaped views (strided K, transposed V),
-GQA/MQA head groups, odd sizes, several chunks, masks of every kind and repeated computes."""
+reference and with the same graph unfused, on cache-shaped views (strided K; V transposed, or
+position-major like K and read through `transpose` or `cont(transpose)`, the cont elided),
+GQA/MQA head groups, odd sizes, several chunks, masks of every kind and repeated computes, and a
+llama.cpp-style block writing its caches with cpy or set_rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,12 +31,13 @@ def stored(a: np.ndarray, dtype: str) -> np.ndarray:
 
 class Case:
     """Attention of T query tokens over n_kv cache positions, built like gg.llama's block: K a
-    strided view of a (n_ctx, n_head_kv, hd) cache, V a view of a transposed (n_head_kv, hd,
-    n_ctx) cache, q a permuted view."""
+    strided view of a (n_ctx, n_head_kv, hd) cache, V (v="t") a view of a transposed (n_head_kv,
+    hd, n_ctx) cache, q a permuted view. v="pos": V stored like K (n_head_kv, n_ctx, hd) and read
+    through gg.transpose, v="cont": through gg.cont(gg.transpose(...)) (llama.cpp's forms)."""
 
-    def __init__(self, hd, n_kv, nh, nkv, T, dtype="f16", form="add", n_ctx=None, seed=0, v_rows=False):
+    def __init__(self, hd, n_kv, nh, nkv, T, dtype="f16", form="add", n_ctx=None, seed=0, v="t"):
         self.hd, self.n_kv, self.nh, self.nkv, self.T = hd, n_kv, nh, nkv, T
-        self.dtype, self.form, self.v_rows = dtype, form, v_rows
+        self.dtype, self.form, self.v_form = dtype, form, v
         self.n_ctx = n_ctx or n_kv + 3
         rng = np.random.default_rng(seed)
         self.k = rng.standard_normal((self.n_ctx, nkv, hd))
@@ -50,10 +53,12 @@ class Case:
         gdt = {"f32": gg.F32, "f16": gg.F16, "bf16": gg.BF16}[self.dtype]
         K = ctx.tensor(self.k, dtype=gdt, name="k_cache")
         k = gg.view_3d(K, self.hd, self.n_kv, self.nkv, K.nb[2], K.nb[1], 0)
-        if self.v_rows:  # V with positions strided (rows of hd values): the generic V path
+        if self.v_form != "t":  # V position-major: nb[0] = a row of hd values
             Vr = ctx.tensor(np.ascontiguousarray(self.v.transpose(0, 2, 1)), dtype=gdt, name="v_rows")
             v = gg.view_3d(Vr, self.hd, self.n_kv, self.nkv, Vr.nb[1], Vr.nb[2], 0)  # ne (hd, n_kv, nkv)
-            v = gg.permute(v, 1, 0, 2, 3)  # ne (n_kv, hd, nkv), nb[0] = a row of hd values
+            v = gg.transpose(v)  # ne (n_kv, hd, nkv)
+            if self.v_form == "cont":
+                v = gg.cont(v)
         else:
             V = ctx.tensor(self.v, dtype=gdt, name="v_cache")
             v = gg.view_3d(V, self.n_kv, self.hd, self.nkv, V.nb[1], V.nb[2], 0)
@@ -65,8 +70,8 @@ class Case:
             kq = gg.soft_max(gg.add(gg.scale(kq, self.scale), mask))
         elif self.form == "diag":
             kq = gg.soft_max(gg.diag_mask_inf(gg.scale(kq, self.scale), self.n_past))
-        else:  # soft_max_ext with an F16 mask
-            mask = ctx.tensor(self.mask, dtype=gg.F16, name="mask")
+        else:  # soft_max_ext with an F16 mask ("ext") or an F32 one ("ext32")
+            mask = ctx.tensor(self.mask, dtype=gg.F32 if self.form == "ext32" else gg.F16, name="mask")
             kq = gg.soft_max_ext(kq, mask, scale=self.scale)
         return gg.mul_mat(v, kq)
 
@@ -121,6 +126,84 @@ def test_plan_refuses_when_the_intermediate_is_needed():
     assert not flash_steps(plan)
 
 
+@pytest.mark.parametrize("v", ["pos", "cont"])
+@pytest.mark.parametrize("form", ["add", "diag", "ext", "ext32"])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)], ids=["mha", "gqa4", "mqa"])
+def test_plan_fuses_position_major_v(v, form, heads):
+    """Every mask form, MHA/GQA/MQA, V read through transpose or cont(transpose): one flash step on
+    the fast position-major build, no cont step left."""
+    nh, nkv = heads
+    out = Case(128, 100, nh, nkv, 1, form=form, v=v, n_ctx=104).build(gg.Context())
+    plan = gg.build_forward(out, backends=("cuda", "cpu")).plan
+    (flash,) = flash_steps(plan)
+    assert flash.kernel == f"flash_attn_f16_h{attention.heads_per_block(nh, nkv)}_d128_vpos", str(plan)
+    assert not [s for s in plan.steps if s.ops == ("cont",)] and len(flash.elided) == (v == "cont")
+
+
+class Block:
+    """llama.cpp's decode attention with flash attention on: K and V caches (hd, n_ctx, n_kv_head)
+    written at positions n_past.. with cpy into a view or with set_rows, then read as views, V
+    through cont(transpose) or transpose; graph built as ggml does (the writes expanded first)."""
+
+    def __init__(self, hd=128, nh=8, nkv=2, T=1, n_past=300, n_ctx=512, write="cpy", v="cont", seed=0):
+        self.hd, self.nh, self.nkv, self.T, self.n_past, self.n_ctx = hd, nh, nkv, T, n_past, n_ctx
+        self.write, self.v_form = write, v
+        rng = np.random.default_rng(seed)
+        self.K, self.V = (rng.standard_normal((nkv, n_ctx, hd)) for _ in range(2))
+        self.k_cur, self.v_cur = (rng.standard_normal((T, nkv, hd)) for _ in range(2))
+        self.q = rng.standard_normal((T, nh, hd)) * 0.5
+
+    def build(self, ctx):
+        hd, nkv, T, p = self.hd, self.nkv, self.T, self.n_past
+        K = ctx.tensor(self.K, dtype=gg.F16, name="k_cache")
+        V = ctx.tensor(self.V, dtype=gg.F16, name="v_cache")
+        writes = []
+        for cache, cur in ((K, self.k_cur), (V, self.v_cur)):
+            x = gg.permute(ctx.tensor(cur.astype(np.float32)), 0, 2, 1, 3)  # ne (hd, T, nkv)
+            if self.write == "cpy":
+                writes.append(gg.cpy(x, gg.view_3d(cache, hd, T, nkv, cache.nb[1], cache.nb[2], p * cache.nb[1])))
+            else:
+                idx = ctx.tensor(np.arange(p, p + T, dtype=np.int32))
+                writes.append(gg.set_rows(cache, x, idx))
+        n_kv = p + T
+        k = gg.view_3d(K, hd, n_kv, nkv, K.nb[1], K.nb[2], 0)
+        v = gg.transpose(gg.view_3d(V, hd, n_kv, nkv, V.nb[1], V.nb[2], 0))
+        if self.v_form == "cont":
+            v = gg.cont(v)
+        q = gg.permute(ctx.tensor(self.q.astype(np.float32)), 0, 2, 1, 3)
+        kq = gg.soft_max(gg.diag_mask_inf(gg.scale(gg.mul_mat(k, q), hd ** -0.5), p))
+        out = gg.mul_mat(v, kq)
+        return writes, out
+
+    def graph(self, fuse=True):
+        writes, out = self.build(gg.Context())
+        g = gg.build_forward(*writes, backends=("cuda", "cpu"), fuse=fuse)
+        g.build_forward_expand(out)
+        return g, out
+
+    def reference(self) -> np.ndarray:
+        p, T, n_kv, r = self.n_past, self.T, self.n_past + self.T, self.nh // self.nkv
+        k, v = stored(self.K, "f16"), stored(self.V, "f16")
+        k[:, p:p + T], v[:, p:p + T] = stored(self.k_cur, "f16").transpose(1, 0, 2), stored(self.v_cur, "f16").transpose(1, 0, 2)
+        mask = np.where(np.arange(n_kv)[None, :] <= (p + np.arange(T))[:, None], 0.0, -np.inf)
+        out = np.zeros((self.nh, T, self.hd))
+        for h in range(self.nh):
+            s = self.q[:, h, :].astype(np.float32).astype(np.float64) @ k[h // r, :n_kv].T
+            out[h] = ref_soft_max(s, mask, scale=self.hd ** -0.5) @ v[h // r, :n_kv]
+        return out
+
+
+@pytest.mark.parametrize("write", ["cpy", "set_rows"])
+@pytest.mark.parametrize("v", ["pos", "cont"])
+def test_plan_llama_cpp_block_fuses(write, v):
+    g, out = Block(write=write, v=v).graph()
+    plan = g.plan
+    (flash,) = flash_steps(plan)
+    assert flash.kernel == "flash_attn_f16_h4_d128_vpos" and flash is plan.steps[-1], str(plan)
+    assert not [s for s in plan.steps if s.ops == ("cont",)]
+    assert [s.ops[0] for s in plan.steps[:2]] == [write] * 2  # the cache writes come first
+
+
 def test_llama_decode_plan_uses_flash():
     cfg = gg.llama.Config(n_embd=256, n_head=8, n_head_kv=2, n_ff=512, n_ctx=64)
     w = gg.llama.Weights.random(cfg)
@@ -138,7 +221,18 @@ CASES = {
     "gqa3-bf16-diag": dict(hd=40, n_kv=300, nh=6, nkv=2, T=2, dtype="bf16", form="diag"),
     "scalar-k-f32-ext": dict(hd=36, n_kv=129, nh=4, nkv=4, T=1, dtype="f32", form="ext"),
     "gqa8-hd256-t8": dict(hd=256, n_kv=700, nh=16, nkv=2, T=8),
-    "v-rows": dict(hd=64, n_kv=333, nh=4, nkv=2, T=1, v_rows=True),
+    "v-pos-d64": dict(hd=64, n_kv=333, nh=4, nkv=2, T=1, v="pos"),
+    "v-pos-d128-gqa4-odd": dict(hd=128, n_kv=1000, nh=32, nkv=8, T=1, n_ctx=1024, v="pos"),
+    "v-cont-d128-gqa4-odd": dict(hd=128, n_kv=1000, nh=32, nkv=8, T=1, n_ctx=1024, v="cont"),
+    "v-cont-d64-mqa-diag": dict(hd=64, n_kv=777, nh=8, nkv=1, T=2, form="diag", v="cont"),
+    "v-pos-d128-mqa-bf16-ext32": dict(hd=128, n_kv=130, nh=8, nkv=1, T=1, dtype="bf16", form="ext32", v="pos"),
+    "v-cont-d64-ext-f16-h8-t8": dict(hd=64, n_kv=4099, nh=16, nkv=2, T=8, form="ext", v="cont", n_ctx=4104),
+    "v-pos-generic-d80-gqa": dict(hd=80, n_kv=555, nh=8, nkv=2, T=1, v="pos"),
+    "v-cont-generic-d80-bf16-mqa": dict(hd=80, n_kv=300, nh=4, nkv=1, T=3, dtype="bf16", v="cont"),
+    "v-pos-d128-mha": dict(hd=128, n_kv=200, nh=4, nkv=4, T=1, v="pos", n_ctx=208),
+    "v-cont-d64-gqa4-bf16": dict(hd=64, n_kv=190, nh=8, nkv=2, T=1, dtype="bf16", v="cont"),
+    "v-pos-d128-gqa2-t3-diag": dict(hd=128, n_kv=129, nh=4, nkv=2, T=3, form="diag", v="pos"),
+    "v-pos-f32-generic-d64": dict(hd=64, n_kv=100, nh=4, nkv=4, T=1, dtype="f32", v="pos", n_ctx=101),
     "one-position": dict(hd=32, n_kv=1, nh=2, nkv=1, T=1),
     "gqa8-d128-fast": dict(hd=128, n_kv=300, nh=16, nkv=2, T=1, n_ctx=304),
     "gqa2-bf16-d64-fast": dict(hd=64, n_kv=200, nh=4, nkv=2, T=3, dtype="bf16", n_ctx=256),
@@ -160,13 +254,31 @@ def compute(case, fuse=True):
 def test_flash_matches_reference_and_unfused(name):
     case = Case(**CASES[name], seed=len(name))
     g, out = compute(case)
-    assert len(flash_steps(g.plan)) == 1, str(g.plan)
+    (flash,) = flash_steps(g.plan)
     assert all(s.backend == "cuda" for s in g.plan.steps)
+    assert flash.choice.v_pos == (case.v_form != "t")
+    if case.v_form == "cont":
+        assert len(flash.elided) == 1 and not [s for s in g.plan.steps if s.ops == ("cont",)], str(g.plan)
     got = out.numpy().reshape(case.nh, case.T, case.hd)
     assert np.isfinite(got).all()
     assert nmse(got, case.reference()) <= LIMIT
     _, plain = compute(case, fuse=False)
     assert nmse(got, plain.numpy().reshape(got.shape)) <= LIMIT
+
+
+@cuda
+@pytest.mark.parametrize("write", ["cpy", "set_rows"])
+@pytest.mark.parametrize("v", ["pos", "cont"])
+def test_llama_cpp_block_matches_reference_and_unfused(write, v):
+    blk = Block(write=write, v=v, nh=8, nkv=1, T=2, n_past=333)
+    g, out = blk.graph()
+    assert len(flash_steps(g.plan)) == 1, str(g.plan)
+    g.compute()
+    got = out.numpy().reshape(blk.nh, blk.T, blk.hd)
+    assert nmse(got, blk.reference()) <= LIMIT
+    g2, out2 = Block(write=write, v=v, nh=8, nkv=1, T=2, n_past=333).graph(fuse=False)
+    g2.compute()
+    assert nmse(got, out2.numpy().reshape(got.shape)) <= LIMIT
 
 
 @cuda
@@ -183,11 +295,12 @@ def test_flash_replays_with_new_inputs():
 
 
 @cuda
+@pytest.mark.parametrize("v", ["t", "pos"])
 @pytest.mark.parametrize("n_ctx", [1503, 1504], ids=["generic", "fast"])
-def test_flash_masked_rows_and_skipped_chunks(n_ctx):
+def test_flash_masked_rows_and_skipped_chunks(n_ctx, v):
     """A fully masked row gives zeros (as the unfused softmax); chunks that are wholly masked are
     not read, so NaN stored there does not reach the output; NaN at a visible position does."""
-    case = Case(64, 1500, 4, 4, 2, seed=5, n_ctx=n_ctx)
+    case = Case(64, 1500, 4, 4, 2, seed=5, n_ctx=n_ctx, v=v)
     case.mask[0, :] = -np.inf            # token 0 sees nothing
     case.mask[1, 600:] = -np.inf         # token 1 sees only the first 600 positions
     ref = case.reference()

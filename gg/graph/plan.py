@@ -60,11 +60,13 @@ class Plan:
     def summary(self) -> str:
         transfers = sum(1 for s in self.steps if s.ops == ("transfer",))
         casts = sum(1 for s in self.steps if s.inserted and s.ops == ("cast",))
+        elided = sum(len(s.elided) for s in self.steps)
         fused = self.fused
         arenas = ", ".join(f"{b} {human_bytes(n)} (naive {human_bytes(self.alloc.naive_bytes.get(b, 0))})"
                            for b, n in self.alloc.arena_bytes.items()) or "none"
         return (f"{len(self.steps)} steps, {len(fused)} fused groups ({sum(len(s.ops) for s in fused)} ops), "
-                f"{transfers} transfers, {casts} casts inserted; arenas: {arenas}"
+                f"{transfers} transfers, {casts} casts inserted" + (f", {elided} cont elided" if elided else "")
+                + f"; arenas: {arenas}"
                 + (f"; {self.alloc.guard}-byte guards (GG_DEBUG_GUARDS)" if self.alloc.guard else ""))
 
     def __str__(self) -> str:
@@ -85,6 +87,8 @@ class Plan:
             rows.append((str(i), ops, s.backend, s.kernel, *where(s.out)))
             for t in s.exports:  # the other values an epilogue fusion writes
                 rows.append(("", f"  and {t.op}", "", "", *where(t)))
+            for t in s.elided:  # a cont made unnecessary: the step reads its source (shown) itself
+                rows.append(("", "  cont elided", "", "", *where(t.src[0])))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))

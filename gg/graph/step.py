@@ -13,8 +13,9 @@ class Step:
     `exports` are the other nodes whose values leave the step (read by later steps, or written
     into a persistent tensor): an epilogue fusion's product, rope and cache writes. `subst` maps
     a source tensor to the tensor the step actually reads instead (an inserted transfer or
-    cast). `inserted` marks steps the planner added. `choice` is the kernel the backend chose
-    for it (`kernel` is its symbol); lowering executes that choice and never re-decides."""
+    cast, or the source of an elided cont: `elided`). `inserted` marks steps the planner added.
+    `choice` is the kernel the backend chose for it (`kernel` is its symbol); lowering executes
+    that choice and never re-decides."""
 
     ops: tuple[str, ...]
     nodes: tuple[Tensor, ...]
@@ -24,6 +25,7 @@ class Step:
     subst: dict[Tensor, Tensor] = field(default_factory=dict)
     exports: tuple[Tensor, ...] = ()
     choice: Any = None  # the backend's kernel choice (made once, when the plan is made)
+    elided: tuple[Tensor, ...] = ()  # conts this step reads the source of instead (elide.py)
 
     @property
     def out(self) -> Tensor:

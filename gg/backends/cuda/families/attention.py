@@ -1,7 +1,9 @@
 """Attention of a few query tokens over a KV cache, K·q -> [scale -> mask] -> softmax -> ·V, as one
 flash-decoding kernel plus a combine (kernels/attn.cu). Fast builds (F16/BF16 caches of head size
 64 or 128, several query heads per block) stage K/V tiles in shared memory; a generic build
-covers the rest."""
+covers the rest. V is read as (n_kv, hd, heads) in either layout: the transposed cache (positions
+contiguous) or position-major like K (`transpose` of a (hd, n_ctx, heads) cache: the head dim
+contiguous); the layout is decided here, at plan time (`FlashKernel.v_pos`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +16,8 @@ from ....dtypes import BF16, F16, F32
 from ....tensor import Tensor
 from .. import launch
 from ..launch import Args, Launch, scratch
-from .common import (FLOATS, FLOAT_NAMES, GRID_YZ_MAX, Kernel, Srcs, Variant, code, node_srcs, rows_aligned)
+from .common import (FLOATS, FLOAT_NAMES, GRID_YZ_MAX, Kernel, Srcs, Variant, aligned, code, node_srcs,
+                     rows_aligned)
 
 PATTERNS = (("mul_mat", "scale", "add", "soft_max", "mul_mat"),
             ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat"),
@@ -42,6 +45,7 @@ class FlashKernel(Kernel):
     fast: bool
     heads: int   # query heads per block (fast builds)
     chunk: int   # positions per block (fast builds; the generic build picks one for the device's SMs)
+    v_pos: bool = False  # V position-major (head dim contiguous): the *_vpos fast builds, the generic flag
 
     def runs(self) -> tuple[tuple[str, str], ...]:
         return ((self.file, self.symbol), (self.file, "flash_combine"))
@@ -63,6 +67,19 @@ def parts(nodes: Sequence[Tensor], srcs: Srcs = node_srcs):
     if masking.op == "add":
         return k, q, v, srcs(masking)[1], scale.params.s, sm.params.scale, -1
     return k, q, v, None, scale.params.s, sm.params.scale, masking.params.n_past
+
+
+def v_position_major(v: Tensor) -> bool:
+    """V (n_kv, hd, heads) with the head dim contiguous and positions a row apart (V^T of a
+    position-major cache), rather than positions contiguous (the transposed cache)."""
+    return v.nb[1] == v.dtype.size and (v.nb[0] != v.dtype.size or v.ne[0] == 1) and v.ne[1] > 1
+
+
+def _pos_rows_aligned(v: Tensor) -> bool:
+    """A position-major V's rows (hd values of one position) are contiguous and 16-byte aligned,
+    as K's must be for the fast builds."""
+    return (v.nb[1] == v.dtype.size and aligned(v, 16)
+            and all(nb % 16 == 0 for i, (ne, nb) in enumerate(zip(v.ne, v.nb)) if i != 1 and ne > 1))
 
 
 def heads_per_block(n_head: int, n_head_kv: int) -> int:
@@ -90,14 +107,16 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
         return None
     rows = kqv.ne[2] * kqv.ne[1] * kqv.ne[3]
     fast_splits = -(-n_kv // FAST_CHUNK)
-    if (k.dtype in FAST_DTYPES and hd in FAST_HD and rows_aligned(k) and rows_aligned(v)
-            and fast_splits <= MAX_SPLITS):
+    v_pos = v_position_major(v)
+    if (k.dtype in FAST_DTYPES and hd in FAST_HD and rows_aligned(k) and fast_splits <= MAX_SPLITS
+            and (_pos_rows_aligned(v) if v_pos else rows_aligned(v))):
         nh = heads_per_block(kqv.ne[2], k.ne[2])
-        return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}", True, nh, FAST_CHUNK,
-                           scratch=4 * rows * fast_splits * (2 + hd))
+        return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}" + ("_vpos" if v_pos else ""), True,
+                           nh, FAST_CHUNK, v_pos, scratch=4 * rows * fast_splits * (2 + hd))
     fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
-    return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, scratch=4 * rows * most * (2 + hd))
+    return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, v_pos,
+                       scratch=4 * rows * most * (2 + hd))
 
 
 def lower(rt, step, kern: FlashKernel, what: str) -> list:
@@ -120,7 +139,7 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
         args.none().i32(0)
     args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk),
                 np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]),
-                np.int32(launch.L2_PREFETCH and kern.fast))
+                np.int32(launch.L2_PREFETCH and kern.fast), np.int32(kern.v_pos))
     args.ptr(ws)
     chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,
                     smem=smem, what=what)
@@ -132,5 +151,6 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
 def variants() -> list[Variant]:
     v = [Variant("attn.cu", "flash_combine")]
     v += [Variant("attn.cu", f"flash_attn_{t}_h1") for t in FLOAT_NAMES]
-    v += [Variant("attn.cu", f"flash_attn_{t.name}_h{nh}_d{hd}") for t, nh, hd in product(FAST_DTYPES, HEADS, FAST_HD)]
+    v += [Variant("attn.cu", f"flash_attn_{t.name}_h{nh}_d{hd}{vp}")
+          for t, nh, hd, vp in product(FAST_DTYPES, HEADS, FAST_HD, ("", "_vpos"))]
     return v

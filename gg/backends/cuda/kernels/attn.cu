@@ -3,8 +3,12 @@
 // and  mul_mat -> soft_max_ext -> mul_mat  with few query tokens (decode). The KQ scores never
 // reach device memory, and two launches (softmax, second product) disappear.
 //
-// Shapes (ggml): K (hd, n_kv, n_kv_head), q (hd, T, n_head), V (n_kv, hd, n_kv_head) (the
-// transposed cache), out (hd, T, n_head); query head h reads K/V head h / (n_head / n_kv_head).
+// Shapes (ggml): K (hd, n_kv, n_kv_head), q (hd, T, n_head), V (n_kv, hd, n_kv_head), out (hd, T,
+// n_head); query head h reads K/V head h / (n_head / n_kv_head). V comes in two layouts: the
+// transposed cache (positions contiguous, gg.llama's) or position-major like K (V^T of a
+// (hd, n_ctx, n_kv_head) cache, llama.cpp's with flash attention: V nb[0] is a row of hd values,
+// the head dim contiguous). The host decides which at plan time: the fast builds have one
+// variant per layout (*_vpos: V tiles staged exactly like K tiles), the generic build a flag.
 // One block of FA_THREADS threads per (chunk of positions, NH query heads sharing a K/V head,
 // token). The fast builds (flash_attn_*_h<NH>_d<HD>: F16/BF16 caches of head size 64 or 128, K
 // and V rows contiguous and 16-byte aligned, as cache views are) know every size at compile
@@ -63,17 +67,39 @@ struct FaArgs {
     int chunk;        // positions per block (the generic path; the fast path uses FA_CHUNK)
     int r2, r3;       // query heads (dim-3 batches) per K/V head: n_head / n_kv_head (host-divided)
     int pre;          // fast path: prefetch the block's K and V tiles into L2 before the wait
+    int vpos;         // V position-major (head dim contiguous): the generic path's P·V loop order
 };
 
+// Sum acc[0..N) over the lanes lane ^ o, o = 16, 8, .., G (the lanes of a warp G apart), by a
+// reduce-scatter: each level trades half of the remaining partial sums with the partner lane.
+// A lane ends up with N / (32 / G) totals, acc[0..) holding sums N_base.. (the return value).
+template <int N, int G>
+__device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
+    int base = 0;
+#pragma unroll
+    for (int n = N, o = 16; o >= G; n >>= 1, o >>= 1) {
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+            const float send = up ? acc[i] : acc[i + n / 2];
+            const float keep = up ? acc[i + n / 2] : acc[i];
+            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+        if (up) base += n / 2;
+    }
+    return base;
+}
+
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
-template <class TK, int NH, int HD>
+// VP (fast path): V position-major, its tile staged like K's ([FA_CHUNK][HD]).
+template <class TK, int NH, int HD, bool VP>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
                                            const char* k, const TDesc& kd, const char* v, const TDesc& vd,
                                            const char* mask, const TDesc& md, int mdt, const FaArgs& p,
                                            float* ws) {
     constexpr bool FAST = HD > 0;
     constexpr int SC = FAST ? FA_CHUNK : FA_MAX_CHUNK;
-    // dynamic: the K tile [FA_CHUNK][HD] and the V tile [HD][FA_CHUNK] (fast path)
+    // dynamic: the K tile [FA_CHUNK][HD] and the V tile [HD][FA_CHUNK] ([FA_CHUNK][HD] if VP) (fast path)
     extern __shared__ __align__(16) char dyn[];
     __shared__ float qs[NH][FAST ? 1 : FA_MAX_HD];  // q (generic path; the fast path keeps it in registers)
     __shared__ float sc[NH][SC];                  // the mask, then the scores, then e^(s - m)
@@ -144,20 +170,29 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         const int writer = (gl & (TPP / NH - 1)) == 0;
         if constexpr (FAST) {
             // every K and V byte of the chunk in flight at once (V positions past len zero-filled)
-            constexpr int KP = KROW / 16, VP = VROW / 16;  // 16-byte pieces per tile row
+            constexpr int KP = KROW / 16, VP_ = VROW / 16;  // 16-byte pieces per tile row
 #pragma unroll
             for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
                 const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
                 if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
             }
             cp_async_commit();
-            const char* v0 = vb + j0 * (i64)sizeof(TK);
-            const int vlen = len * (int)sizeof(TK);
+            if constexpr (VP) {  // like K; rows past len zero-filled (their weight is 0, 0 * NaN is not)
 #pragma unroll
-            for (int i = 0; i < HD * VP / FA_THREADS; ++i) {
-                const int e = tid + i * FA_THREADS, dd = e / VP, c = e % VP;
-                const int n = max(0, min(16, vlen - c * 16));
-                cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
+                for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
+                    const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
+                    const bool in = r < len;
+                    cp_async16(Vs + r * KROW + c * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
+                }
+            } else {
+                const char* v0 = vb + j0 * (i64)sizeof(TK);
+                const int vlen = len * (int)sizeof(TK);
+#pragma unroll
+                for (int i = 0; i < HD * VP_ / FA_THREADS; ++i) {
+                    const int e = tid + i * FA_THREADS, dd = e / VP_, c = e % VP_;
+                    const int n = max(0, min(16, vlen - c * 16));
+                    cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
+                }
             }
             cp_async_commit();
             cp_async_wait<1>();  // the K tile
@@ -223,8 +258,58 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         if (FAST) cp_async_wait<0>();  // the V tile
         __syncthreads();
 
-        // ---- o[d] = Σ_j e_j V[d, j]: V rows run over positions (the transposed cache)
-        if constexpr (FAST) {  // VL lanes cover a tile row, 8 positions each
+        // ---- o[d] = Σ_j e_j V[d, j]
+        if constexpr (FAST && VP) {
+            // V rows run over the head dim, like K's: G lanes cover a row, 8 values each; a warp's
+            // LS lane slices take every LS-th position. With NH >= FA_WARPS heads the warps split
+            // the heads and see every position (no exchange between warps); with fewer, they
+            // split the positions and add their sums in shared memory (the K tile's bytes,
+            // unused since the scores). The lane slices' sums: a reduce-scatter over the warp.
+            constexpr int G = HD / 8, LS = 32 / G;
+            constexpr int WH = NH >= FA_WARPS ? FA_WARPS : 1, HPW = NH / WH, PW = FA_WARPS / WH;
+            constexpr int KEEP = HPW * 8 / LS;
+            static_assert(NH % WH == 0 && HPW * 8 >= LS, "heads split evenly over the warps");
+            static_assert(PW == 1 || PW * NH * HD * 4 <= FA_CHUNK * KROW, "the warps' sums fit in the K tile");
+            const int hw = WH > 1 ? warp : 0, pw = WH > 1 ? 0 : warp;
+            const int dg = lane % G, ls = lane / G;
+            float acc[HPW * 8];
+#pragma unroll
+            for (int i = 0; i < HPW * 8; ++i) acc[i] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < FA_CHUNK / (PW * LS); ++u) {
+                const int jj = (u * PW + pw) * LS + ls;
+                float vv[8];
+                ld8<TK>(Vs + jj * KROW + dg * 8 * (int)sizeof(TK), vv);
+#pragma unroll
+                for (int h = 0; h < HPW; ++h) {
+                    const float e = sc[hw * HPW + h][jj];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[h * 8 + i] += e * vv[i];
+                }
+            }
+            const int base = lanes_sum_scatter<HPW * 8, G>(acc, lane);
+            if constexpr (PW == 1) {
+#pragma unroll
+                for (int i = 0; i < KEEP; ++i) {
+                    const int x = base + i;
+                    ws_o[(row_of(hw * HPW + x / 8) * S + split) * HD + dg * 8 + x % 8] = acc[i];
+                }
+            } else {
+                float* red = (float*)Ks;  // [PW][NH][HD]
+#pragma unroll
+                for (int i = 0; i < KEEP; ++i) {
+                    const int x = base + i;
+                    red[(pw * NH + x / 8) * HD + dg * 8 + x % 8] = acc[i];
+                }
+                __syncthreads();
+                for (int e = tid; e < NH * HD; e += FA_THREADS) {
+                    float o = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < PW; ++w) o += red[w * NH * HD + e];
+                    ws_o[(row_of(e / HD) * S + split) * HD + e % HD] = o;
+                }
+            }
+        } else if constexpr (FAST) {  // V rows run over positions: VL lanes cover a tile row, 8 positions each
             constexpr int VL = FA_CHUNK / 8, ROWS = 32 / VL;
             const int lr = lane % VL, rw = lane / VL;
             const int vwriter = (lr & (VL / NH - 1)) == 0;
@@ -248,6 +333,20 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 int hh;
                 const float o = group_sum_scatter<NH, VL>(acc, lane, hh);
                 if (vwriter) ws_o[(row_of(hh) * S + split) * HD + dd] = o;
+            }
+        } else if (p.vpos) {  // any strides, the head dim contiguous: a thread per dd, positions in turn
+            for (int dd = tid; dd < hd; dd += FA_THREADS) {
+                float acc[NH];
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
+                const char* vc = vb + dd * vd.nb[1] + j0 * vd.nb[0];
+                for (int jj = 0; jj < len; ++jj) {
+                    const float x = ld<TK>(vc + jj * vd.nb[0]);
+#pragma unroll
+                    for (int hh = 0; hh < NH; ++hh) acc[hh] += sc[hh][jj] * x;
+                }
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) ws_o[(row_of(hh) * S + split) * hd + dd] = acc[hh];
             }
         } else {  // any strides: a warp per row, lanes over positions
             for (int dd = warp; dd < hd; dd += FA_WARPS) {
@@ -336,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(FC_THREADS)
 // Before the wait for the predecessor (the cache write: a latency-bound step, the DRAM idle):
 // the block's K and V tiles into L2, a line per thread, so the first wave's tiles are on their
 // way when the wait ends (decode, H100: 85.1 -> 84.1 us). Fast builds only (HD 64 or 128).
-template <class TK, int NH, int HD>
+template <class TK, int NH, int HD, bool VP>
 __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k, const TDesc& kd, const char* v,
                                                   const TDesc& vd, const FaArgs& p) {
     if constexpr (HD > 0) {
@@ -348,24 +447,28 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
         const int t = (int)threadIdx.x;
         const i64 j0 = (i64)blockIdx.x * FA_CHUNK, r = j0 + t / LINES;
         if (t < FA_CHUNK * LINES && r < kd.ne[1]) l2_prefetch_line(kb + r * kd.nb[1] + (t % LINES) * 128);
-        if (t < HD) l2_prefetch_line(vb + t * vd.nb[1] + j0 * (i64)sizeof(TK));
+        if (VP && t < FA_CHUNK * LINES && r < kd.ne[1]) l2_prefetch_line(vb + r * vd.nb[0] + (t % LINES) * 128);
+        if (!VP && t < HD) l2_prefetch_line(vb + t * vd.nb[1] + j0 * (i64)sizeof(TK));
     }
 }
 
-#define GG_FA(T, S, NH, HD, NAME)                                                                          \
+#define GG_FA(T, S, NH, HD, VP, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws) {                                   \
-        flash_l2_prefetch<T, NH, HD>(d, k, kd, v, vd, p);                                                  \
+        flash_l2_prefetch<T, NH, HD, VP>(d, k, kd, v, vd, p);                                              \
         gg_grid_sync();                                                                                    \
-        flash_impl<T, NH, HD>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws);                          \
+        flash_impl<T, NH, HD, VP>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws);                      \
     }
-// Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping; one
-// generic build per dtype (one query head per block), for the rest. Compile time grows with
-// every variant (this file: ~20 s with NVRTC).
-#define GG_FA_FAST(NH, HD, T, S) GG_FA(T, S, NH, HD, flash_attn_##S##_h##NH##_d##HD)
-GG_FA(float, f32, 1, 0, flash_attn_f32_h1)
-GG_FA(f16, f16, 1, 0, flash_attn_f16_h1)
-GG_FA(bf16, bf16, 1, 0, flash_attn_bf16_h1)
+// Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V
+// layouts; one generic build per dtype (one query head per block, either layout), for the rest.
+// Compile time grows with every variant.
+#define GG_FA_FAST(NH, HD, T, S) GG_FA(T, S, NH, HD, false, flash_attn_##S##_h##NH##_d##HD)
+#define GG_FA_FAST_VPOS(NH, HD, T, S) GG_FA(T, S, NH, HD, true, flash_attn_##S##_h##NH##_d##HD##_vpos)
+GG_FA(float, f32, 1, 0, false, flash_attn_f32_h1)
+GG_FA(f16, f16, 1, 0, false, flash_attn_f16_h1)
+GG_FA(bf16, bf16, 1, 0, false, flash_attn_bf16_h1)
 GG_FOR_FA_FAST(GG_FA_FAST, f16, f16)
 GG_FOR_FA_FAST(GG_FA_FAST, bf16, bf16)
+GG_FOR_FA_FAST(GG_FA_FAST_VPOS, f16, f16)
+GG_FOR_FA_FAST(GG_FA_FAST_VPOS, bf16, bf16)
