@@ -79,8 +79,8 @@ class _Program:
                 return
             args = [self._value(s, values) for s in step.srcs(node)]
             values[node] = KERNELS[node.op](node, *args)
-        out = step.out
-        host_view(out, mem)[...] = dtypes.encode(values[out], out.dtype)
+        for out in step.outs:  # a step may leave several values (a sibling group's products)
+            host_view(out, mem)[...] = dtypes.encode(values[out], out.dtype)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from typing import Sequence
 from ....dtypes import DType
 from ....errors import BackendError
 from ....tensor import Tensor
-from . import attention, blocks, copy, elementwise, matmul, norm, reduce, rope, rows, softmax
+from . import attention, blocks, copy, elementwise, matmul, norm, reduce, rope, rows, siblings, softmax
 from .common import DT_CODES, Kernel, Srcs, Variant, node_srcs
 
 # Asked in this order: the first family that claims an op group runs it (the normalizing mat-vec
 # before the norm chains, the attention chain before the product).
-FAMILIES: tuple[ModuleType, ...] = (matmul, attention, norm, softmax, elementwise, rope, rows, copy, reduce)
+FAMILIES: tuple[ModuleType, ...] = (siblings, matmul, attention, norm, softmax, elementwise, rope, rows, copy, reduce)
 # Kernel files several families share (their constants and catalog, no ops of their own).
 SHARED: tuple[ModuleType, ...] = (blocks,)
 

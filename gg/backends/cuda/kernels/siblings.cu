@@ -1,0 +1,184 @@
+// Sibling mat-vecs (gg/graph/siblings.py): up to SIB_MAX products W_j · x of the same F32 row x in
+// one launch, each written to its own output, optionally normalizing x on the way in and, for two
+// products, writing act(W_g · x) * (W_u · x) instead of either product (the SwiGLU epilogue).
+//
+// The structure is the wide mat-vec's (mul_mat.cu mmvw_impl): a block of up to SIB_THREADS
+// threads per SIB_ROWS weight rows (SIB_ACT_ROWS rows of each of the two for SwiGLU), 16-byte
+// streamed loads of the weights, SIB_BATCH loads of each row in flight per thread, partial sums meeting in shared memory. The grid is the products'
+// blocks one after another (SibMember.block0: a product's first block); a SwiGLU block takes the
+// same row of the gate and of the up weights, so both sums meet in the block that writes the row.
+//
+// NORM: x is the raw row and nw the norm's weight; every block computes sum(x^2) over the
+// elements it reads anyway and scales its sums by 1 / sqrt(mean(x^2) + eps) (as norm.cu): the
+// rms_norm -> mul step that made the products' input disappears. Several rows per block share
+// every x (and nw) element loaded: the vector traffic from L2 shrinks with them.
+// SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_THREADS and SIB_BATCH come from the host
+// (families/siblings.py, as -D).
+#include "common.cuh"
+
+// All fields 8 bytes: the host packs the set as words.
+struct SibMember {
+    const char* a;   // the weights: rows of K elements, nb1 bytes apart
+    i64 nb1;
+    char* out;       // F32, contiguous (SwiGLU: the gate's entry holds the result's address)
+    i64 rows;
+    i64 block0;      // this product's first block
+};
+struct SibSet {
+    i64 n, K;
+    SibMember m[SIB_MAX];
+};
+
+enum { SIB_NONE = 0, SIB_SILU = 1, SIB_GELU = 2 };
+
+template <int ACT> __device__ __forceinline__ float sib_act(float v) {
+    if (ACT == SIB_SILU) return v / (1.0f + expf(-v));  // as unary.cu
+    const float k = 0.7978845608028654f;               // sqrt(2 / pi)
+    return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+}
+
+// The product this block works on, with constant indices only: a kernel parameter indexed by a
+// run-time value would be copied to local memory first.
+struct SibPick {
+    const char* a;
+    i64 nb1, rows, m0;
+    char* out;
+};
+__device__ __forceinline__ SibPick sib_pick(const SibSet& s, int per_block) {
+    SibPick p{s.m[0].a, s.m[0].nb1, s.m[0].rows, 0, s.m[0].out};
+    i64 b0 = 0;
+#pragma unroll
+    for (int i = 1; i < SIB_MAX; ++i) {
+        if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) {
+            p = SibPick{s.m[i].a, s.m[i].nb1, s.m[i].rows, 0, s.m[i].out};
+            b0 = s.m[i].block0;
+        }
+    }
+    p.m0 = ((i64)blockIdx.x - b0) * per_block;
+    return p;
+}
+
+// Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read).
+template <class TA, int ACT> __device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre) {
+    if (!pre) return;
+    constexpr int W = ACT ? 2 : 1, R = ACT ? SIB_ACT_ROWS : SIB_ROWS;
+    const SibPick p = sib_pick(s, R);
+    const i64 bytes = s.K * (i64)sizeof(TA);
+    for (int rr = 0; rr < R && p.m0 + rr < p.rows; ++rr) {
+        gg_l2_prefetch(p.a + (p.m0 + rr) * p.nb1, bytes);
+        if (W == 2) gg_l2_prefetch(s.m[1].a + (p.m0 + rr) * s.m[1].nb1, bytes);
+    }
+}
+
+template <class TA, bool NORM, int ACT>
+__device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps) {
+    constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of the weights
+    constexpr int W = ACT ? 2 : 1;           // weight matrices a block reads (gate and up)
+    constexpr int R = ACT ? SIB_ACT_ROWS : SIB_ROWS;  // rows of each
+    __shared__ float part[W * R + NORM][SIB_THREADS / 32];
+    const SibPick p = sib_pick(s, R);
+    const int nrows = (int)min((i64)R, p.rows - p.m0);
+    const char* arow[W];
+    i64 nb1[W];
+    arow[0] = p.a + p.m0 * p.nb1;
+    nb1[0] = p.nb1;
+    if constexpr (W == 2) {
+        arow[1] = s.m[1].a + p.m0 * s.m[1].nb1;
+        nb1[1] = s.m[1].nb1;
+    }
+    const int chunks = (int)(s.K / G), nt = (int)blockDim.x;
+    float acc[W][R], ss = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) acc[w][rr] = 0.0f;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += SIB_BATCH * nt) {
+        V16 av[W][R][SIB_BATCH];
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+                for (int u = 0; u < SIB_BATCH; ++u) {
+                    const int c = c0 + u * nt;
+                    if (c < chunks && rr < nrows) av[w][rr][u] = ld16_cs(arow[w] + rr * nb1[w] + (i64)c * 16);
+                }
+#pragma unroll
+        for (int u = 0; u < SIB_BATCH; ++u) {
+            const int c = c0 + u * nt;
+            if (c >= chunks) break;
+            float xv[G];
+            if constexpr (G == 8) ld8<float>(x + (i64)c * 32, xv);
+            else ldg<float, 4>(x + (i64)c * 16, xv);
+            if constexpr (NORM) {
+                float nv[G];
+                if constexpr (G == 8) ld8<float>(nw + (i64)c * 32, nv);
+                else ldg<float, 4>(nw + (i64)c * 16, nv);
+#pragma unroll
+                for (int i = 0; i < G; ++i) {
+                    ss += xv[i] * xv[i];
+                    xv[i] *= nv[i];
+                }
+            }
+#pragma unroll
+            for (int w = 0; w < W; ++w)
+#pragma unroll
+                for (int rr = 0; rr < R; ++rr) {
+                    if (rr < nrows) {
+                        float wv[G];
+                        unpack16<TA>(av[w][rr][u], wv);
+#pragma unroll
+                        for (int i = 0; i < G; ++i) acc[w][rr] += wv[i] * xv[i];
+                    }
+                }
+        }
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) acc[w][rr] = warp_sum(acc[w][rr]);
+    if constexpr (NORM) ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr) part[w * R + rr][threadIdx.x >> 5] = acc[w][rr];
+        if constexpr (NORM) part[W * R][threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nrows) {  // thread rr writes row m0 + rr
+        const int rr = threadIdx.x, warps = nt >> 5;
+        float v[W], sq = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w] = 0.0f;
+        for (int i = 0; i < warps; ++i) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) v[w] += part[w * R + rr][i];
+            if constexpr (NORM) sq += part[W * R][i];
+        }
+        float scale = 1.0f;
+        if constexpr (NORM) scale = 1.0f / sqrtf(sq / (float)s.K + eps);  // as kernels/norm.cu
+        float y = v[0] * scale;
+        if constexpr (ACT != SIB_NONE) y = sib_act<ACT>(y) * (v[W - 1] * scale);
+        *(float*)(p.out + (p.m0 + rr) * (i64)sizeof(float)) = y;
+    }
+}
+
+#define GG_SIB(TA, SA, NORM, ACT, NAME)                                                                  \
+    extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
+        mul_mat_sib##NAME##_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre) {   \
+        sib_l2_prefetch<TA, ACT>(s, pre);                                                                \
+        gg_grid_sync();                                                                                  \
+        sib_impl<TA, NORM, ACT>(s, x, nw, eps);                                                          \
+    }
+
+#define GG_SIB_ALL(TA, SA)                          \
+    GG_SIB(TA, SA, false, SIB_NONE, )               \
+    GG_SIB(TA, SA, true, SIB_NONE, _norm)           \
+    GG_SIB(TA, SA, false, SIB_SILU, _silu)          \
+    GG_SIB(TA, SA, true, SIB_SILU, _norm_silu)      \
+    GG_SIB(TA, SA, false, SIB_GELU, _gelu)          \
+    GG_SIB(TA, SA, true, SIB_GELU, _norm_gelu)
+GG_SIB_ALL(float, f32)
+GG_SIB_ALL(f16, f16)
+GG_SIB_ALL(bf16, bf16)

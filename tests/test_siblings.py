@@ -1,0 +1,318 @@
+"""Sibling mat-vecs (gg/graph/siblings.py, CUDA families/siblings.py + kernels/siblings.cu): the
+one-column products of the same input become one step, with the rms_norm -> mul that makes the
+input (prologue) and the SwiGLU `act(Wg·h) * (Wu·h)` (epilogue) where legal.
+
+Plans need no GPU. Values are checked on a CPU backend that declares siblings (the planner's
+legality and the exported values' memory, on any machine) and on the GPU, against float64
+references and against the unfused plan."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gg
+from gg.backends import base
+from gg.backends.cpu import CPUBackend
+from gg.backends.cuda.families import siblings as family
+from gg.buffer import HostBuffer
+from reference import NMSE_MUL_MAT, ref_gelu, ref_mul_mat, ref_rms_norm, ref_silu
+from reference_helpers import nmse
+
+cuda = pytest.mark.cuda
+CUDA = ("cuda", "cpu")
+EPS = 1e-5
+
+
+# ---- a CPU backend that declares siblings (runs the group's ops one after another) ---------------
+class SibBuffer(HostBuffer):
+    backend = "sibcpu"
+
+
+class SibCPU(CPUBackend):
+    name = "sibcpu"
+
+    def patterns(self):
+        return self.PATTERNS._replace(siblings=4)
+
+    def supports(self, ops, nodes):
+        return super().supports(ops, nodes) or family.claims(tuple(ops))
+
+    def alloc(self, nbytes):
+        return SibBuffer(nbytes)
+
+
+BACKEND = SibCPU()
+base.register("sibcpu", __name__)
+
+
+# ---- graphs ---------------------------------------------------------------------------------------
+def rand(rng, *shape):
+    return (rng.standard_normal(shape) * 0.5 + 0.05).astype(np.float32)
+
+
+class Qkv:
+    """q, k, v = Wq·h, Wk·h, Wv·h with h = rms_norm(x) * w of one token (llama.cpp's form: q and
+    k each roped right after its product, so the rope of q lies between the products)."""
+
+    def __init__(self, rng, K=2056, rows=(1023, 257, 257), wdt=np.float16, norm=True, rope=True, cols=1):
+        ctx = gg.Context()
+        self.x, self.w = rand(rng, cols, K) * 3, rand(rng, K)
+        self.W = [rand(rng, m, K) for m in rows]
+        self.wdt = wdt
+        xt = ctx.tensor(self.x)
+        self.h = gg.mul(gg.rms_norm(xt, EPS), ctx.tensor(self.w)) if norm else xt
+        self.norm = norm
+        self.Wt = [ctx.tensor(W, dtype=wdt) if wdt is gg.BF16 else ctx.tensor(W.astype(wdt)) for W in self.W]
+        self.prods = []
+        self.outs = []
+        pos = ctx.tensor(np.array([7] * cols, np.int32))
+        for i, W in enumerate(self.Wt):
+            p = gg.mul_mat(W, self.h)
+            self.prods.append(p)
+            if rope and i < 2 and rows[i] % 8 == 0:
+                p = gg.rope(gg.reshape(p, 8, rows[i] // 8, cols), pos, 8, mode=gg.ROPE_NEOX)
+            self.outs.append(p)
+
+    def refs(self):
+        h = ref_rms_norm(self.x.astype(np.float64), EPS) * self.w if self.norm else self.x.astype(np.float64)
+        return [ref_mul_mat(W.numpy().astype(np.float64), h) for W in self.Wt]  # the stored weights
+
+
+def swiglu(rng, K=2056, M=1029, act="silu", order="act_first", wdt=np.float16, norm=True):
+    ctx = gg.Context()
+    x, w = rand(rng, 1, K) * 3, rand(rng, K)
+    Wg, Wu = rand(rng, M, K), rand(rng, M, K)
+    xt = ctx.tensor(x)
+    h = gg.mul(gg.rms_norm(xt, EPS), ctx.tensor(w)) if norm else xt
+    g = getattr(gg, act)(gg.mul_mat(ctx.tensor(Wg.astype(wdt)), h))
+    u = gg.mul_mat(ctx.tensor(Wu.astype(wdt)), h)
+    y = gg.mul(g, u) if order == "act_first" else gg.mul(u, g)
+    hr = ref_rms_norm(x.astype(np.float64), EPS) * w if norm else x.astype(np.float64)
+    f = ref_silu if act == "silu" else ref_gelu
+    ref = f(ref_mul_mat(Wg.astype(wdt).astype(np.float64), hr)) * ref_mul_mat(Wu.astype(wdt).astype(np.float64), hr)
+    return y, ref
+
+
+def sibling_steps(plan):
+    return [s for s in plan.steps if s.ops.count("mul_mat") >= 2]
+
+
+# ---- plans (no GPU) -------------------------------------------------------------------------------
+def test_qkv_of_one_normalized_row_is_one_step(rng):
+    t = Qkv(rng, K=4096, rows=(4096, 1024, 1024))
+    plan = gg.build_forward(*t.outs, backends=CUDA).plan
+    (s,) = sibling_steps(plan)
+    assert s.ops == ("rms_norm", "mul") + ("mul_mat",) * 3 and s.kernel == "mul_mat_sib_norm_f16_f32"
+    assert plan.steps[0] is s  # the norm is no step of its own, and the merged step runs first
+    assert s.exports == tuple(t.prods[:2]) and s.out is t.prods[2]
+    offs = {plan.alloc.offsets[p] for p in t.prods}
+    assert len(offs) == 3  # every product keeps its own memory
+    assert sum(1 for st in plan.steps if "mul_mat" in st.ops) == 1
+    assert "and mul_mat" in str(plan)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("order", ["act_first", "act_second"])
+def test_gate_up_and_swiglu_are_one_step(rng, act, order):
+    y, _ = swiglu(rng, act=act, order=order)
+    plan = gg.build_forward(y, backends=CUDA).plan
+    assert [s.ops for s in plan.steps] == [("rms_norm", "mul", "mul_mat", "mul_mat", act, "mul")]
+    s = plan.steps[0]
+    assert s.kernel == f"mul_mat_sib_norm_{act}_f16_f32" and s.exports == ()
+    assert set(plan.alloc.offsets) == {y}  # the two products are never stored
+
+
+def test_without_norm_and_f32_weights(rng):
+    t = Qkv(rng, rows=(100, 36, 36), wdt=np.float32, norm=False, rope=False)
+    (s,) = gg.build_forward(*t.outs, backends=CUDA).plan.steps
+    assert s.ops == ("mul_mat",) * 3 and s.kernel == "mul_mat_sib_f32_f32"
+
+
+def test_norm_with_another_reader_stays_a_step(rng):
+    t = Qkv(rng, rope=False)
+    plan = gg.build_forward(*t.outs, t.h, backends=CUDA).plan
+    assert [s.ops for s in plan.steps] == [("rms_norm", "mul"), ("mul_mat",) * 3]
+
+
+def test_swiglu_product_read_elsewhere_keeps_the_products(rng):
+    y, _ = swiglu(rng)
+    gate = y.src[0].src[0]
+    plan = gg.build_forward(y, gate, backends=CUDA).plan
+    ops = [s.ops for s in plan.steps]
+    assert ("rms_norm", "mul", "mul_mat", "mul_mat") in ops and ("silu",) in ops and ("mul",) in ops
+
+
+def test_prefill_is_not_merged(rng):
+    t = Qkv(rng, cols=3, rope=False)
+    plan = gg.build_forward(*t.outs, backends=CUDA).plan
+    assert not sibling_steps(plan)
+
+
+def test_different_inputs_are_not_merged(rng):
+    ctx = gg.Context()
+    W1, W2 = (ctx.tensor(rand(rng, 64, 2048).astype(np.float16)) for _ in range(2))
+    h1, h2 = (ctx.tensor(rand(rng, 1, 2048)) for _ in range(2))
+    plan = gg.build_forward(gg.mul_mat(W1, h1), gg.mul_mat(W2, h2), backends=CUDA).plan
+    assert not sibling_steps(plan)
+
+
+def _dependent(rng, how):
+    """p1 = W1·h and p2 = W2'·h where W2' needs p1 (directly, or through a step between)."""
+    ctx = gg.Context()
+    K = 2048
+    h = ctx.tensor(rand(rng, 1, K))
+    p1 = gg.mul_mat(ctx.tensor(rand(rng, K, K)), h)             # ne (K, 1): one more row of weights
+    if how == "direct":
+        p2 = gg.mul_mat(p1, h)                                      # p1 is p2's weight row
+    else:
+        p2 = gg.mul_mat(gg.mul(ctx.tensor(rand(rng, 8, K)), p1), h)  # through a mul step
+    return p1, p2
+
+
+@pytest.mark.parametrize("how", ["direct", "through a step"])
+def test_a_sibling_reading_another_is_not_merged(rng, how):
+    p1, p2 = _dependent(rng, how)
+    plan = gg.build_forward(p1, p2, backends=CUDA).plan
+    assert not sibling_steps(plan)
+
+
+@pytest.mark.parametrize("into", ["W2", "another tensor"])
+def test_a_write_in_between(rng, into):
+    ctx = gg.Context()
+    K = 2048
+    h = ctx.tensor(rand(rng, 1, K))
+    W1 = ctx.tensor(rand(rng, 64, K))
+    W2 = ctx.new_tensor(gg.F32, (K, 40), persistent=True)
+    other = ctx.new_tensor(gg.F32, (K, 40), persistent=True)
+    p1 = gg.mul_mat(W1, h)
+    dst = W2 if into == "W2" else other
+    write = gg.cpy(gg.scale(h, 2.0), gg.view_1d(dst, K, 5 * K * 4))
+    p2 = gg.mul_mat(W2, h)
+    g = gg.build_forward(p1, backends=CUDA)
+    g.build_forward_expand(write)
+    g.build_forward_expand(p2)
+    merged = sibling_steps(g.plan)
+    assert bool(merged) == (into != "W2")
+
+
+def test_llama_decode_ffn_is_one_step():
+    """gg.llama's FFN writes gate and up as two products: with siblings, the norm, both products
+    and silu(g) * u are one step; the attention's stacked QKV product keeps its epilogue."""
+    from gg import llama as L
+    cfg = L.Config(n_embd=2048, n_head=16, n_head_kv=4, n_ff=5632, n_layer=1, n_ctx=24)
+    ctx = gg.Context()
+    graph, _, _ = L.build_forward_pass(cfg, L.Weights.random(cfg, ctx), L.KVCache(cfg, ctx),
+                                       L.Batch.indexed(cfg, ctx, 1), backends=CUDA)
+    steps = graph.plan.steps
+    assert steps[0].kernel == "mul_mat_vecw_norm_epi_f16_f32"
+    assert [s.ops for s in steps if "silu" in s.ops] == [("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")]
+    assert len(steps) == 5
+
+
+# ---- values on the CPU (a backend that declares siblings) -----------------------------------------
+def _compute(outs, backends, fuse=True, expand=()):
+    g = gg.build_forward(*outs, backends=backends, fuse=fuse)
+    for t in expand:
+        g.build_forward_expand(t)
+    g.compute()
+    return g, [o.numpy() for o in outs]
+
+
+@pytest.mark.parametrize("wdt", [np.float32, np.float16])
+def test_cpu_siblings_equal_unfused_and_reference(rng, wdt):
+    t = Qkv(rng, wdt=wdt)
+    g, fused = _compute(t.prods + t.outs[:2], ("sibcpu",))
+    assert len(sibling_steps(g.plan)) == 1
+    _, plain = _compute(t.prods + t.outs[:2], ("sibcpu",), fuse=False)
+    for f, p in zip(fused, plain):
+        np.testing.assert_array_equal(f, p)
+    for f, r in zip(fused, t.refs()):
+        assert nmse(f, r.reshape(f.shape)) <= 1e-10
+
+
+@pytest.mark.parametrize("order", ["act_first", "act_second"])
+def test_cpu_swiglu_equals_unfused(rng, order):
+    y, ref = swiglu(rng, act="gelu", order=order)
+    g, (fused,) = _compute([y], ("sibcpu",))
+    assert g.plan.steps[0].ops[-2:] == ("gelu", "mul")
+    _, (plain,) = _compute([y], ("sibcpu",), fuse=False)
+    np.testing.assert_array_equal(fused, plain)
+    assert nmse(fused, ref.reshape(fused.shape)) <= 1e-10
+
+
+def test_cpu_write_into_the_weights_between_is_seen(rng):
+    """A product built after a write into its weights reads the written row (not merged)."""
+    ctx = gg.Context()
+    K = 64 * 8
+    x = rand(rng, 1, K)
+    h = ctx.tensor(x)
+    W1 = rand(rng, 16, K)
+    W2 = ctx.new_tensor(gg.F32, (K, 8), persistent=True)
+    w2 = rand(rng, 8, K)
+    W2.set(w2)
+    p1 = gg.mul_mat(ctx.tensor(W1), h)
+    write = gg.cpy(gg.scale(h, 2.0), gg.view_1d(W2, K, 5 * K * 4))
+    p2 = gg.mul_mat(W2, h)
+    g = gg.build_forward(p1, backends=("sibcpu",))
+    g.build_forward_expand(write)
+    g.build_forward_expand(p2)
+    g.compute()
+    w2[5] = 2 * x[0]
+    assert nmse(p2.numpy(), ref_mul_mat(w2.astype(np.float64), x.astype(np.float64)).reshape(-1)) <= 1e-10
+    assert not sibling_steps(g.plan)
+
+
+# ---- the CUDA kernel ------------------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("wdt", [np.float16, np.float32, gg.BF16])
+@pytest.mark.parametrize("shape", [(2056, (1023, 257, 257)), (4096, (4096, 1024, 1024)), (576, (576, 192, 192)),
+                                   (1000, (5, 3))])
+@pytest.mark.parametrize("norm", [True, False])
+def test_cuda_siblings(rng, wdt, shape, norm):
+    K, rows = shape
+    t = Qkv(rng, K=K, rows=rows, wdt=wdt, norm=norm)
+    g, fused = _compute(t.prods + t.outs[:2], CUDA)
+    (s,) = sibling_steps(g.plan)
+    assert s.backend == "cuda" and s.kernel.startswith("mul_mat_sib")
+    _, plain = _compute(t.prods + t.outs[:2], CUDA, fuse=False)
+    for f, p in zip(fused, plain):
+        assert nmse(f, p) <= 1e-10
+    for f, r in zip(fused, t.refs()):
+        assert nmse(f, r.reshape(f.shape)) <= NMSE_MUL_MAT / 100
+
+
+@cuda
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("order", ["act_first", "act_second"])
+@pytest.mark.parametrize("wdt,K,M,norm", [(np.float16, 2056, 1029, True), (np.float32, 4096, 14, False),
+                                          (np.float16, 576, 1536, True)])
+def test_cuda_swiglu(rng, act, order, wdt, K, M, norm):
+    y, ref = swiglu(rng, K=K, M=M, act=act, order=order, wdt=wdt, norm=norm)
+    g, (fused,) = _compute([y], CUDA)
+    assert g.plan.steps[-1].ops[-2:] == (act, "mul") and len(g.plan.steps) == 1
+    _, (plain,) = _compute([y], CUDA, fuse=False)
+    assert nmse(fused, plain) <= 1e-10
+    assert nmse(fused, ref.reshape(fused.shape)) <= NMSE_MUL_MAT / 100
+
+
+@cuda
+def test_cuda_write_in_between_and_replay(rng):
+    """The products read the weights the write left, on every compute (the graph is replayed)."""
+    ctx = gg.Context()
+    K = 2048
+    x = rand(rng, 1, K)
+    h = ctx.tensor(x)
+    W1 = rand(rng, 64, K)
+    W2 = ctx.new_tensor(gg.F16, (K, 8), persistent=True)
+    w2 = rand(rng, 8, K).astype(np.float16).astype(np.float32)
+    W2.set(w2.astype(np.float16))
+    p1 = gg.mul_mat(ctx.tensor(W1.astype(np.float16)), h)
+    write = gg.cpy(gg.scale(h, 2.0), gg.view_1d(W2, K, 5 * K * 2))
+    p2 = gg.mul_mat(W2, h)
+    g = gg.build_forward(p1, backends=CUDA)
+    g.build_forward_expand(write)
+    g.build_forward_expand(p2)
+    for _ in range(2):
+        g.compute()
+    w2[5] = (2 * x[0]).astype(np.float16)
+    assert nmse(p2.numpy(), ref_mul_mat(w2.astype(np.float64), x.astype(np.float64)).reshape(-1)) <= 1e-6
