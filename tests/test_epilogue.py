@@ -49,30 +49,37 @@ def test_decode_step_ropes_and_writes_the_cache_in_the_product(n_head_kv):
     assert "and rope" in str(plan) and "and set_rows" in str(plan)
 
 
-@pytest.mark.parametrize("case", ["neox", "no fusion"])
-def test_no_epilogue(case):
-    """NEOX pairs are half a head apart (not a block's two rows): rope stays a step, and so do
-    the writes after it; fuse=False keeps every step."""
-    plan, _ = _decode_plan(rope_mode=gg.ROPE_NEOX) if case == "neox" else _decode_plan(fuse=False)
-    ops = [s.ops for s in plan.steps]
+@pytest.mark.parametrize("n_head_kv", [16, 4])
+def test_neox_decode_step_ropes_in_the_product(n_head_kv):
+    """NEOX pairs are half a head apart: the block that owns a pair computes both of its rows,
+    so HF-converted models (qwen2, phi, SmolLM2) get the same one-launch step."""
+    plan, _ = _decode_plan(rope_mode=gg.ROPE_NEOX, n_head_kv=n_head_kv)
+    assert plan.steps[0].ops == EPI
+    assert plan.steps[0].choice.rope[-1] == 1  # the kernel's neox flag
+
+
+def test_no_epilogue_without_fusion():
+    ops = [s.ops for s in _decode_plan(fuse=False)[0].steps]
     assert not any(len(o) > 3 and o[:3] == matmul.NORM_MATVEC for o in ops)
     assert ("rope",) in ops and ops.count(("set_rows",)) == 2
 
 
 def _qkv(ctx, rng, n=2048, hd=64, heads=6, v_rows=40, n_dims=64, wdt=gg.F16, kdt=gg.F16, vdt=gg.BF16,
-         pos=13, kidx=(5,), output_product=False):
-    """W·(rms_norm(x) * w) = [q (heads - 2 heads) | k (2 heads) | v (v_rows)] of one token; q and
-    k roped (ggml NORMAL) over the first n_dims of each head; k's row into row kidx of K, v's
-    elements into rows vidx of V (one element each, as gg.llama's transposed V cache)."""
-    rows = heads * hd + v_rows
+         pos=13, kidx=(5,), output_product=False, mode=gg.ROPE_NORMAL, lo=0, w_first=False):
+    """W·(rms_norm(x) * w) = [lo rows | q (heads - 2 heads) | k (2 heads) | v (v_rows)] of one
+    token; q and k roped (`mode`) over the first n_dims of each head; k's row into row kidx of K
+    (2 of 6 heads: GQA's fewer k heads), v's elements into rows vidx of V (one element each, as
+    gg.llama's transposed V cache)."""
+    rows = lo + heads * hd + v_rows
     x, w = ctx.tensor(rand(rng, 1, n) * 3.0), ctx.tensor(rand(rng, n))
     W = ctx.tensor(rand(rng, rows, n), dtype=wdt)
-    qkv = gg.mul_mat(W, gg.mul(gg.rms_norm(x, 1e-5), w))
+    n_x = gg.rms_norm(x, 1e-5)
+    qkv = gg.mul_mat(W, gg.mul(w, n_x) if w_first else gg.mul(n_x, w))
     p = ctx.tensor(np.array([pos], np.int32))
-    qk = gg.rope(gg.view_3d(qkv, hd, heads, 1, hd * 4, rows * 4, 0), p, n_dims)
+    qk = gg.rope(gg.view_3d(qkv, hd, heads, 1, hd * 4, rows * 4, lo * 4), p, n_dims, mode=mode)
     q = gg.view_2d(qk, hd, heads - 2, hd * 4, 0)
     k = gg.reshape(gg.view_3d(qk, hd, 2, 1, hd * 4, heads * hd * 4, (heads - 2) * hd * 4), 2 * hd, 1)
-    v = gg.view_2d(qkv, 1, v_rows, 4, heads * hd * 4)
+    v = gg.view_2d(qkv, 1, v_rows, 4, (lo + heads * hd) * 4)
     K = ctx.new_tensor(kdt, (2 * hd, 9), persistent=True)
     V = ctx.new_tensor(vdt, (1, 3 * v_rows), persistent=True)
     K.set(rand(rng, 9, 2 * hd))
@@ -83,17 +90,27 @@ def _qkv(ctx, rng, n=2048, hd=64, heads=6, v_rows=40, n_dims=64, wdt=gg.F16, kdt
     out = gg.scale(q, 2.0)  # a later reader of q
     outs = (kw, vw, out) + ((qkv,) if output_product else ())
     parts = dict(x=x, w=w, W=W, pos=pos, n_dims=n_dims, hd=hd, heads=heads, K=K, V=V, kidx=ki, vidx=vidx, out=out,
-                 qkv=qkv)
+                 qkv=qkv, mode=mode, lo=lo)
     return outs, parts
 
 
+@pytest.mark.parametrize("mode", [gg.ROPE_NORMAL, gg.ROPE_NEOX])
 @pytest.mark.parametrize("output_product", [False, True])
-def test_op_level_plan(rng, output_product):
-    outs, _ = _qkv(gg.Context(), rng, output_product=output_product)
+def test_op_level_plan(rng, output_product, mode):
+    outs, _ = _qkv(gg.Context(), rng, output_product=output_product, mode=mode, w_first=output_product)
     plan = gg.build_forward(*outs, backends=("cuda", "cpu")).plan
     first = plan.steps[0]
     assert first.ops == EPI
     assert (first.nodes[2] in first.exports) is output_product  # an output keeps its memory
+
+
+@pytest.mark.parametrize("mode", [gg.ROPE_NORMAL, gg.ROPE_NEOX])
+def test_rope_off_the_block_pairs_stays_a_step(rng, mode):
+    """q and k starting at an odd product row: a rotated pair would straddle two blocks, so the
+    rope (and the writes of roped rows after it) keep their own steps."""
+    outs, _ = _qkv(gg.Context(), rng, mode=mode, lo=1)
+    ops = [s.ops for s in gg.build_forward(*outs, backends=("cuda", "cpu")).plan.steps]
+    assert ops[0] == matmul.NORM_MATVEC and ("rope",) in ops
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------
@@ -101,25 +118,34 @@ def _reference(parts, K0, V0):
     xs = parts["x"].numpy().astype(np.float64)
     h = (ref_rms_norm(xs, 1e-5) * parts["w"].numpy()).astype(np.float32)
     qkv = ref_mul_mat(parts["W"].numpy(), h).reshape(-1)
-    hd, heads = parts["hd"], parts["heads"]
-    qk = ref_rope(qkv[:hd * heads].reshape(1, heads, hd), np.array([parts["pos"]]), parts["n_dims"])
+    hd, heads, lo = parts["hd"], parts["heads"], parts["lo"]
+    qk = ref_rope(qkv[lo:lo + hd * heads].reshape(1, heads, hd), np.array([parts["pos"]]), parts["n_dims"],
+                  mode=parts["mode"])
     k = qk.reshape(-1)[(heads - 2) * hd:]
-    v = qkv[heads * hd:]
+    v = qkv[lo + heads * hd:]
     store = {gg.F32: np.float32, gg.F16: np.float16, gg.BF16: "bf16"}
     K = ref_set_rows(K0, k[None], parts["kidx"].numpy(), dtype=store[parts["K"].dtype])
     V = ref_set_rows(V0, v[:, None], parts["vidx"], dtype=store[parts["V"].dtype])
     return 2.0 * qk.reshape(heads, hd)[:heads - 2], K, V
 
 
+NEOX = gg.ROPE_NEOX
+
+
 @cuda
-@pytest.mark.parametrize("wdt,kdt,vdt,n_dims,n", [
-    (gg.F16, gg.F16, gg.BF16, 64, 2048),
-    (gg.F32, gg.F32, gg.F16, 32, 1032),    # rope of half of each head, F32 rows of 1032
-    (gg.BF16, gg.BF16, gg.F32, 48, 4104),
+@pytest.mark.parametrize("wdt,kdt,vdt,n_dims,n,mode,pos,lo,w_first", [
+    (gg.F16, gg.F16, gg.BF16, 64, 2048, 0, 13, 0, False),
+    (gg.F32, gg.F32, gg.F16, 32, 1032, 0, 13, 0, False),    # rope of half of each head, F32 rows of 1032
+    (gg.BF16, gg.BF16, gg.F32, 48, 4104, 0, 13, 0, False),
+    (gg.F16, gg.F16, gg.BF16, 64, 2048, NEOX, 13, 0, False),
+    (gg.F32, gg.F32, gg.F16, 32, 1032, NEOX, 777, 2, True),  # NEOX over half a head, q after 2 rows
+    (gg.BF16, gg.BF16, gg.F32, 48, 4104, NEOX, 4095, 0, False),
+    (gg.F16, gg.F32, gg.F16, 6, 2056, NEOX, 1, 6, True),     # n_dims / 2 odd: pairs (0, 3) (1, 4) (2, 5)
 ])
-def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n):
+def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first):
     ctx = gg.Context()
-    outs, parts = _qkv(ctx, rng, n=n, n_dims=n_dims, wdt=wdt, kdt=kdt, vdt=vdt)
+    outs, parts = _qkv(ctx, rng, n=n, n_dims=n_dims, wdt=wdt, kdt=kdt, vdt=vdt, mode=mode, pos=pos, lo=lo,
+                       w_first=w_first)
     K0, V0 = parts["K"].numpy().copy(), parts["V"].numpy().copy()
     g = gg.build_forward(*outs, backends=("cuda",))
     assert g.plan.steps[0].ops == EPI
@@ -164,12 +190,12 @@ def test_an_index_out_of_range_is_an_error_and_writes_nothing(rng):
 
 
 @cuda
-@pytest.mark.parametrize("n_head_kv", [16, 4])
-def test_llama_decode_equals_the_steps_apart(rng, monkeypatch, n_head_kv):
+@pytest.mark.parametrize("n_head_kv,rope_mode", [(16, gg.ROPE_NORMAL), (4, gg.ROPE_NORMAL), (4, gg.ROPE_NEOX)])
+def test_llama_decode_equals_the_steps_apart(rng, monkeypatch, n_head_kv, rope_mode):
     """A prefill then decode steps of a llama layer wide enough for the epilogue: outputs and
     both caches bit-identical with the epilogue off, and close to the float64 model."""
     from llama_ref import RefLlama
-    cfg = L.Config(**WIDE, n_head_kv=n_head_kv)
+    cfg = L.Config(**WIDE, n_head_kv=n_head_kv, rope_mode=rope_mode)
     weights = L.Weights.random(cfg, gg.Context(), seed=7)
     xs = rng.standard_normal((8, cfg.n_embd)).astype(np.float32)
     runs = []

@@ -2,8 +2,9 @@
 
 Backends declare what they can fuse (`Backend.patterns()`: the chains, and the ops a product's
 epilogue may take over); this pass owns only the generic legality rules. A chain n0 -> n1 -> ...
-fuses when every intermediate is src[0] of the next node (src[1], the activations, when the next
-node is a mul_mat: attention's ·V), has exactly one consumer in the graph, is not an output or a
+fuses when every intermediate is src[0] of the next node (either source of a commutative op such
+as add; src[1], the activations, when the next node is a mul_mat: attention's ·V), has exactly one
+consumer in the graph, is not an output or a
 kept tensor, is not viewed by anything, all nodes run on the same backend that supports the group,
 and no write into persistent memory happens between them.
 
@@ -37,8 +38,14 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
             if t in outs or t in viewed or len(users) != 1:
                 return None
             nxt = users[0]
-            slot = 1 if op == "mul_mat" else 0
-            if nxt.op != op or len(nxt.src) <= slot or nxt.src[slot] is not t or nxt not in index:
+            if nxt.op != op or nxt not in index:
+                return None
+            # either operand of a commutative op (add(x, mm) as add(mm, x)), but src1 repeats
+            # over src0: as src1 the intermediate must have the result's shape, not be broadcast
+            slots = (1,) if op == "mul_mat" else (0, 1) if info(op).commutative else (0,)
+            if not any(len(nxt.src) > s and nxt.src[s] is t for s in slots):
+                return None
+            if op != "mul_mat" and nxt.src[0] is not t and t.ne != nxt.ne:
                 return None
             if nxt.src.count(t) != 1:  # x * x: the intermediate would be needed twice
                 return None

@@ -8,7 +8,7 @@ from ._check import FLOATS, can_repeat, dtype_in, finite_number, tensor_arg
 from .registry import register
 
 for _name in ("add", "sub", "mul", "div"):
-    register(_name, inplace=True)
+    register(_name, inplace=True, commutative=_name in ("add", "mul"))
 register("scale", inplace=True)
 
 

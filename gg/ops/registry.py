@@ -1,5 +1,5 @@
 """What the rest of gg may ask about an op without knowing its code: is it metadata-only, may it
-write over its first source. One entry per op, registered next to its constructor."""
+write over its first source, does its operand order matter. One entry per op, registered next to its constructor."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +15,9 @@ class OpInfo:
     metadata_only: bool = False  # a view: no kernel, no copy
     inplace: bool = False        # may write over src[0] when layouts match and src[0] dies here
     dst_index: int | None = None  # index of the src whose bytes the op writes (cpy: 1, set_rows: 0)
+    # op(a, b) == op(b, a) wherever both are defined and have the same shape (add, mul): a fused
+    # chain may feed either slot; which shapes and dtypes a kernel takes is still its own check
+    commutative: bool = False
 
     @property
     def writes_view(self) -> bool:

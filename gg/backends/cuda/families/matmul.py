@@ -1,5 +1,6 @@
 """Products: mul_mat (kernels/mul_mat.cu mat-vec builds and tiled kernel, cuBLAS for large GEMMs),
-a residual added by the mat-vec (`mul_mat+add`), a one-token input normalized by the wide mat-vec
+a residual added by the mat-vec (`mul_mat+add`, either operand order; float or quantized weights),
+a one-token input normalized by the wide mat-vec
 that reads it (`rms_norm+mul+mul_mat`), and that product's epilogue: the rope and KV-cache writes
 of a decode step done as its rows are finished (the planner's epilogue fusion)."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ from itertools import product
 from typing import Sequence
 
 from ....dtypes import F16, F32, I32, DType
-from ....ops.rope import ROPE_NORMAL
+from ....ops.rope import ROPE_NEOX, ROPE_NORMAL
 from ....tensor import Tensor
 from .. import launch
 from ..launch import Args, Launch, addr, error_code, scratch, table
@@ -48,15 +49,16 @@ class MatVec(Kernel):
 @dataclass(frozen=True)
 class Epilogue(Kernel):
     """The normalizing mat-vec, with (rope, scatters) its epilogue does, decided at plan time:
-    rope = (lo, n, head_dim, n_dims) over product rows; a scatter = (roped, lo, n, per, nrows)."""
+    rope = (lo, n, head_dim, n_dims, neox) over product rows; a scatter = (roped, lo, n, per, nrows)."""
 
-    rope: tuple[int, int, int, int] | None
+    rope: tuple[int, int, int, int, int] | None
     scatters: tuple[tuple[int, int, int, int, int], ...]
 
 
 @dataclass(frozen=True)
 class QuantMatVec(Kernel):
-    """Quantized weights times up to blocks.MAX_COLS F32 columns, reading the blocks in place."""
+    """Quantized weights times up to blocks.MAX_COLS F32 columns, reading the blocks in place
+    (and adding the residual of a fused mul_mat+add as it writes)."""
 
 
 @dataclass(frozen=True)
@@ -196,22 +198,37 @@ def _matvec(mm: Tensor, a: Tensor, b: Tensor) -> MatVec:
 
 
 # ---- plan time: check and choose -----------------------------------------------------------------
+def _other(node: Tensor, operand: Tensor, srcs: Srcs) -> Tensor | None:
+    """The source of a commutative binary node that is not `operand` (the fused chain's
+    intermediate, in either slot), or None when operand is not exactly one of its two sources."""
+    pair = srcs(node)
+    if len(pair) != 2 or (pair[0] is operand) == (pair[1] is operand):
+        return None
+    return pair[1] if pair[0] is operand else pair[0]
+
+
+def _residual(add: Tensor, mm: Tensor, srcs: Srcs) -> Tensor | None:
+    """The F32 residual r of add(mm, r) or add(r, mm) that a mat-vec can add row for row as it
+    writes: add(r, mm) has r's shape and dtype, add(mm, r) mm's, so all three shapes must be the
+    same (a broadcast residual, or a product repeated over r, is no row-for-row add)."""
+    r = _other(add, mm, srcs)
+    if r is None or r.dtype is not F32 or add.dtype is not F32 or not r.ne == add.ne == mm.ne:
+        return None
+    return r
+
+
 def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs) -> Kernel | None:
     if ops[:3] == NORM_MATVEC:
         return _choose_norm(nodes, srcs)
     mm = nodes[0]
     a, b = srcs(mm)
     if a.dtype.is_quantized:
-        return _choose_quant(ops, mm, a, b)
+        return _choose_quant(ops, nodes, a, b, srcs)
     if not _product_ok(mm):
         return None
     p = path(mm, a, b)
     if ops == ("mul_mat", "add"):  # a residual added by the mat-vec as it writes
-        add = nodes[1]
-        if p != "vec" or srcs(add)[0] is not mm or len(set(add.src)) != 2:
-            return None
-        r = srcs(add)[1]
-        return _matvec(mm, a, b) if r.dtype is F32 and r.ne == add.ne and add.dtype is F32 else None
+        return _matvec(mm, a, b) if p == "vec" and _residual(nodes[1], mm, srcs) is not None else None
     if p == "vec":
         return _matvec(mm, a, b)
     if p == "cublas":
@@ -219,11 +236,16 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     return Kernel("mul_mat.cu", f"mul_mat_tiled_{a.dtype.name}_{b.dtype.name}")
 
 
-def _choose_quant(ops: tuple[str, ...], mm: Tensor, a: Tensor, b: Tensor) -> Kernel | None:
-    if ops != ("mul_mat",) or rows(mm) > GRID_X_MAX:
-        return None  # the fused groups (residual, norm, epilogue) read float weights only
+def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: Tensor, srcs: Srcs) -> Kernel | None:
+    mm = nodes[0]
+    if ops not in (("mul_mat",), ("mul_mat", "add")) or rows(mm) > GRID_X_MAX:
+        return None  # the norm and epilogue groups read float weights only
     p = _quant_path(mm, a, b)
     t = a.dtype.name
+    if len(ops) == 2:  # the blocks-in-place mat-vec adds a residual with rows like its own
+        r = _residual(nodes[1], mm, srcs)
+        if p != "vec" or r is None or r.nb[0] != 4 or r.nb[1] % 4 or not _columns_uniform(r):
+            return None
     if p == "vec":
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
         return QuantMatVec("quant.cu", f"mul_mat_vec{'1' if ncols == 1 else ''}_{t}_f32")
@@ -240,9 +262,9 @@ def _norm_head_ok(nodes: Sequence[Tensor], srcs: Srcs) -> bool:
     full F32 row, and W·h takes the wide path. Every block then computes sum(x^2) of the row it
     reads anyway, so the normalization costs no launch and no pass of its own."""
     rn, mul, mm = nodes[:3]
-    x, w = srcs(rn)[0], srcs(mul)[1]
+    x, w = srcs(rn)[0], _other(mul, rn, srcs)  # w * rms_norm(x) alike
     a = srcs(mm)[0]
-    if srcs(mul)[0] is not rn or srcs(mm)[1] is not mul or not _product_ok(mm):
+    if w is None or srcs(mm)[1] is not mul or not _product_ok(mm):
         return False
     if not (floats(rn, x) and rn.dtype is x.dtype and mul.dtype is rn.dtype):
         return False
@@ -258,20 +280,22 @@ def _rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
     return t.view_offs // t.dtype.size, t.nelements
 
 
-def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int] | None:
-    """(lo, n, head_dim, n_dims) of a rope the epilogue can do: NORMAL mode (a rotated pair is a
-    block's two rows) over F32 rows [lo, lo + n) of the product, lo and head_dim even."""
+def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int, int] | None:
+    """(lo, n, head_dim, n_dims, neox) of a rope the epilogue can do over F32 rows [lo, lo + n)
+    of the product: a rotated pair is one block's two rows (NORMAL's adjacent rows; NEOX's i and
+    i + n_dims/2, which the kernel's mv_rows gives to one block), so lo, head_dim and n_dims are
+    even (the dims past n_dims are adjacent pairs too)."""
     x, pos = srcs(rope)
     found = _rows_of(x, mm)
     p = rope.params
-    if (found is None or p.mode != ROPE_NORMAL or rope.dtype is not F32 or not rope.is_contiguous()
-            or pos.dtype is not I32):
+    if (found is None or p.mode not in (ROPE_NORMAL, ROPE_NEOX) or rope.dtype is not F32
+            or not rope.is_contiguous() or pos.dtype is not I32):
         return None
     lo, n = found
     hd = x.ne[0]
     if lo % 2 or hd % 2 or p.n_dims % 2 or x.ne[2] * x.ne[3] != 1:
         return None
-    return lo, n, hd, p.n_dims
+    return lo, n, hd, p.n_dims, int(p.mode == ROPE_NEOX)
 
 
 def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
@@ -325,8 +349,10 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if isinstance(k, QuantMatVec):
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
         grid, block = blocks.matvec_grid(a.dtype, a.ne[1], a.ne[0], ncols)
+        r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
         args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).i64(b.nb[1] // 4).ptr(addr(out))
-                .i64(out.nb[1] // 4).i64(a.ne[1]).i64(a.ne[0]).i32(ncols))
+                .i64(out.nb[1] // 4).ptr(addr(r) if r is not None else 0).i64(r.nb[1] // 4 if r is not None else 0)
+                .i64(a.ne[1]).i64(a.ne[0]).i32(ncols))
         return [Launch(rt, k.file, k.symbol, grid, block, args, what=what)]
     if isinstance(k, QuantGemm):
         return _lower_quant_gemm(rt, step, k, out, a, b, what)
@@ -336,7 +362,9 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         grid = ((out.ne[0] + TILE - 1) // TILE, (out.ne[1] + TILE - 1) // TILE, batches)
         return [Launch(rt, k.file, k.symbol, grid, (256, 1, 1), args, what=what)]
     if len(step.nodes) > 1:
-        args.tensor(step.srcs(out)[1])
+        r = _other(out, mm, step.srcs)
+        assert r is not None  # choose took the step only with the product in one slot
+        args.tensor(r)
     else:
         args.none()
     if k.wide:
@@ -366,7 +394,8 @@ def _lower_quant_gemm(rt, step, k: QuantGemm, out: Tensor, a: Tensor, b: Tensor,
 
 def _lower_norm(rt, step, k: Kernel, what: str) -> Launch:
     rn, mul, mm, *tail = step.nodes
-    (x,), (_, w), (a, _) = step.srcs(rn), step.srcs(mul), step.srcs(mm)
+    (x,), w, (a, _) = step.srcs(rn), _other(mul, rn, step.srcs), step.srcs(mm)
+    assert w is not None  # as _norm_head_ok found it
     # The product's own memory: written where a later step reads it (always without an epilogue).
     raw = addr(mm) if not tail or mm in step.exports else 0
     args = Args().ptr(raw).desc(mm.ne, mm.nb).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
@@ -375,11 +404,11 @@ def _lower_norm(rt, step, k: Kernel, what: str) -> Launch:
         return Launch(rt, k.file, k.symbol, grid, (MMVW_THREADS, 1, 1), args, what=what)
     rope = next((n for n in tail if n.op == "rope"), None)
     if rope is not None:
-        lo, n, hd, n_dims = k.rope  # type: ignore[misc]
+        lo, n, hd, n_dims, neox = k.rope  # type: ignore[misc]
         freqs = table(step, rope_family.frequencies(rope.params))
-        words = [addr(rope), addr(step.srcs(rope)[1]), freqs, lo, n, hd, n_dims]
+        words = [addr(rope), addr(step.srcs(rope)[1]), freqs, lo, n, hd, n_dims, neox]
     else:  # no rope (head size 1: the kernel's modulo never divides by zero)
-        words = [0, 0, 0, 0, 0, 1, 0]
+        words = [0, 0, 0, 0, 0, 1, 0, 0]
     words += [rt.err_word.ptr, error_code(rt, what)]
     scatters = [n for n in tail if n.op == "set_rows"]
     for s, (roped, lo, n, per, nrows) in zip(scatters, k.scatters):

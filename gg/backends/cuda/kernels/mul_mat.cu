@@ -104,8 +104,10 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // writes that read it): the rows are finished by mv_epilogue below instead of a plain store.
 //
 // Epilogue of a one-token product (all fields 8 bytes: lower.py packs it as words). Product rows
-// [lo, lo + n) are roped in heads of hd (ggml NORMAL mode: the pair (2i, 2i + 1) is the block's
-// two rows) into `rope`; each scatter s is a set_rows of product rows [s.lo, s.lo + s.n), raw or
+// [lo, lo + n) are roped in heads of hd into `rope`; a rotated pair is always the block's two rows:
+// NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway, and with `neox` the block that owns pair slot
+// i < n_dims/2 of a head computes rows i and i + n_dims/2 of it instead (mv_rows), so both modes
+// rotate in registers with no exchange between blocks. Each scatter s is a set_rows of product rows [s.lo, s.lo + s.n), raw or
 // roped: element e goes to row idx[e / per], column e % per of s.dst (a KV cache). An index out of
 // range writes nothing and reports `code` through `err`, as rows.cu's set_rows does.
 struct MvScatter {
@@ -117,7 +119,7 @@ struct MvEpi {
     char* rope;
     const char* pos;
     const double* freqs;
-    i64 lo, n, hd, n_dims;
+    i64 lo, n, hd, n_dims, neox;
     int* err;
     i64 code;
     MvScatter s[MV_SCATTERS];
@@ -131,12 +133,26 @@ struct MvPre {
     int p, t[2];
 };
 
+// The rows (r0, r0 + dr) of the block starting at m0 (even): m0, m0 + 1 except in a NEOX rope's
+// first n_dims dims of a head, where pair slot i = c / 2 holds dims i and i + n_dims / 2 (a
+// bijection on those dims; the dims past n_dims keep their adjacent pairs).
+__device__ __forceinline__ void mv_rows(const MvEpi& e, i64 m0, i64& r0, i64& dr) {
+    const i64 j = m0 - e.lo;
+    if (!e.neox || !e.rope || j < 0 || j >= e.n) return;
+    const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
+    if (c < (int)e.n_dims) {
+        r0 = m0 - c + c / 2;
+        dr = e.n_dims / 2;
+    }
+}
+
 __device__ __forceinline__ void mv_epi_load(const MvEpi& e, i64 m, MvPre& r) {
     const i64 j = m - e.lo;
     if (e.rope && j >= 0 && j < e.n) {
-        const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
+        const int c = (int)j % (int)e.hd, half = (int)e.n_dims / 2;
         r.p = *(const int*)e.pos;
-        r.f = c < e.n_dims ? e.freqs[c / 2] : 0.0;
+        // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
+        r.f = c < e.n_dims ? e.freqs[e.neox ? (c < half ? c : c - half) : c / 2] : 0.0;
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -178,11 +194,13 @@ template <class TA, class TB, bool NORM, int ROWS, bool EPI = false>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
                                           float eps = 0.0f, const MvEpi* epi = nullptr) {
-    static_assert(!EPI || (NORM && ROWS % 2 == 0), "the epilogue ropes pairs of the block's rows");
+    static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the pair of the block's two rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[ROWS + NORM][MMVW_THREADS / 32];
     const i64 m0 = (i64)blockIdx.x * ROWS;
     const int nrows = ROWS == 1 ? 1 : (int)min((i64)ROWS, d.ne[0] - m0);
+    i64 r0 = m0, dr = 1;  // block row rr is product row r0 + rr * dr
+    if constexpr (EPI) mv_rows(*epi, m0, r0, dr);
     // 32-bit index math, and none without batches: four 64-bit divisions (software, ~70
     // instructions each) ahead of the first load cost a short wave of rows 3.5 us (4096 rows).
     unsigned i2 = 0, i3 = 0, j2 = 0, j3 = 0;
@@ -192,7 +210,8 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         j2 = i2 / ((unsigned)bd.ne[2] / (unsigned)ad.ne[2]);
         j3 = i3 / ((unsigned)bd.ne[3] / (unsigned)ad.ne[3]);
     }
-    const char* arow = a + m0 * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
+    const char* arow = a + r0 * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
+    const i64 rstep = dr * ad.nb[1];
     const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int chunks = (int)(ad.ne[0] / G);
     float acc[ROWS], ss = 0.0f;
@@ -205,7 +224,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
 #pragma unroll
             for (int u = 0; u < MMVW_BATCH; ++u) {
                 const int c = c0 + u * MMVW_THREADS;
-                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * ad.nb[1] + (i64)c * 16);
+                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * rstep + (i64)c * 16);
             }
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
@@ -247,13 +266,13 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     MvPre pre;
     float res = 0.0f;  // the residual, requested before the barrier too (one round trip less at the end)
     if ((int)threadIdx.x < nrows) {
-        if constexpr (EPI) mv_epi_load(*epi, m0 + threadIdx.x, pre);
-        if (r) res = *(const float*)(r + (m0 + threadIdx.x) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+        if constexpr (EPI) mv_epi_load(*epi, r0 + threadIdx.x * dr, pre);
+        if (r) res = *(const float*)(r + (r0 + threadIdx.x * dr) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
     }
     __syncthreads();
-    if ((int)threadIdx.x < nrows) {  // thread rr writes row m0 + rr
+    if ((int)threadIdx.x < nrows) {  // thread rr writes row r0 + rr * dr
         const int rr = threadIdx.x;
-        const i64 m = m0 + rr;
+        const i64 m = r0 + rr * dr;
         float v = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int i = 0; i < MMVW_THREADS / 32; ++i) {

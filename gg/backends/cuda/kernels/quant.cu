@@ -538,9 +538,12 @@ __device__ __forceinline__ void mv_load_x(const float* xc, int o1, int o2, bool 
     }
 }
 
+// `res` (F32, y's shape, columns res_stride apart, or null) is added to every sum as it is
+// written: the planner's mul_mat + add of a residual connection, one launch and one pass less.
 template <class Q, int R, int NMAX, int AL>
 __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
-                                       i64 y_stride, i64 n_rows, int K, int ncols, u8* smem, float* tab) {
+                                       i64 y_stride, const float* res, i64 res_stride, i64 n_rows, int K, int ncols,
+                                       u8* smem, float* tab) {
     typedef MV<Q> T;
     constexpr int NT = QUANT_MV_THREADS, S = QUANT_MV_STAGES, STAGE = MvGeom<Q>::stage_bytes(R);
     const int tid = threadIdx.x;
@@ -551,7 +554,8 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     const int nr = (int)min((i64)rb, n_rows - r0);
     if (K <= 0) {  // empty rows: every sum is 0
         const int N0 = NMAX == 1 ? 1 : ncols;
-        for (int e = tid; e < nr * N0; e += NT) y[(e / nr) * y_stride + r0 + e % nr] = 0.0f;
+        for (int e = tid; e < nr * N0; e += NT)
+            y[(e / nr) * y_stride + r0 + e % nr] = res ? res[(e / nr) * res_stride + r0 + e % nr] : 0.0f;
         return;
     }
     const int slot = tid / tpr, item = tid - slot * tpr;
@@ -660,7 +664,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
 #pragma unroll 1
                 for (int t = lane; t < tpr; t += 32) v += pr[t];
                 v = warp_sum(v);
-                if (lane == 0) y[n * y_stride + r0 + j] = v;
+                if (lane == 0) y[n * y_stride + r0 + j] = res ? v + res[n * res_stride + r0 + j] : v;
             }
             __syncthreads();
         }
@@ -669,22 +673,25 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
 
 template <class Q, int R, int NMAX>
 __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
-                                                 i64 y_stride, i64 n_rows, i64 ne0, int ncols) {
+                                                 i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,
+                                                 int ncols) {
     constexpr int STAGE = MvGeom<Q>::stage_bytes(R);
     static_assert(QUANT_MV_STAGES * STAGE >= R * QUANT_MV_THREADS * 4, "the row sums reuse the stages");
     __shared__ __align__(16) u8 smem[QUANT_MV_STAGES * STAGE];
     __shared__ __align__(16) float tab[MV<Q>::TAB > 0 ? R * (MV_CHUNK / 256) * 16 : 4];
     const unsigned long long a = (unsigned long long)w | (unsigned long long)w_nb1;
-    if ((a & 3) == 0) mv_run<Q, R, NMAX, 2>(w, w_nb1, x, x_stride, y, y_stride, n_rows, (int)ne0, ncols, smem, tab);
-    else if ((a & 1) == 0) mv_run<Q, R, NMAX, 1>(w, w_nb1, x, x_stride, y, y_stride, n_rows, (int)ne0, ncols, smem, tab);
-    else mv_run<Q, R, NMAX, 0>(w, w_nb1, x, x_stride, y, y_stride, n_rows, (int)ne0, ncols, smem, tab);
+    if ((a & 3) == 0) mv_run<Q, R, NMAX, 2>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+                                            smem, tab);
+    else if ((a & 1) == 0) mv_run<Q, R, NMAX, 1>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0,
+                                                 ncols, smem, tab);
+    else mv_run<Q, R, NMAX, 0>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols, smem, tab);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
 // dequant_rows_<t>_<o>: dst row r (o = f32 | f16) = source row r dequantized.
 // get_rows_<t>_<o>: dst row r = source row ids[r].
 // mul_mat_vec_<t>_f32: ncols 1..8; mul_mat_vec1_<t>_f32: one column (ncols ignored), fewer
-// registers for decode proper.
+// registers for decode proper. Both add `res` (null: nothing) as they write (mv_run).
 #define GG_QUANT_KERNELS(Q, S)                                                                                    \
     extern "C" __global__ void dequant_rows_##S##_f32(const char* src, i64 src_nb1, char* dst, i64 dst_nb1,        \
                                                       i64 n_rows, i64 ne0) {                                      \
@@ -710,15 +717,17 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, 3)                                                \
         mul_mat_vec_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,     \
-                              i64 n_rows, i64 ne0, int ncols) {                                                   \
+                              const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) {                 \
         gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, QUANT_MV_ROWS_N, QUANT_MV_NMAX>(w, w_nb1, x, x_stride, y, y_stride, n_rows, ne0, ncols);\
+        mul_mat_vec_impl<Q, QUANT_MV_ROWS_N, QUANT_MV_NMAX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride,  \
+                                                            n_rows, ne0, ncols);                                  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                                \
         mul_mat_vec1_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,    \
-                               i64 n_rows, i64 ne0, int ncols) {                                                  \
+                               const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) {                \
         gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1>(w, w_nb1, x, x_stride, y, y_stride, n_rows, ne0, ncols);              \
+        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0,     \
+                                            ncols);                                                               \
     }
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
