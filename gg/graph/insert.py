@@ -24,8 +24,9 @@ def insert(steps: list[Step], where: Placement) -> list[Step]:
         for node in step.nodes:
             dst_index = node_info(node).dst_index
             for i, src in enumerate(node.src):
-                if src in inside or i == dst_index or src in step.subst:
+                if src in inside or i == dst_index or (src in step.subst and src not in step.elided):
                     continue
+                orig, src = src, step.subst.get(src, src)  # an elided cont: its source, read in its place
                 read = src
                 home = where.of(src)
                 if home is not None and home != step.backend:
@@ -49,7 +50,7 @@ def insert(steps: list[Step], where: Placement) -> list[Step]:
                         cast_cache[key2] = c
                     read = cast_cache[key2]
                 if read is not src:
-                    step.subst[src] = read
+                    step.subst[orig] = read
         out.append(_chosen(step))
         written = {t.root for t in step.outs if node_info(t).writes_view}
         caches: tuple[dict[Any, Tensor], ...] = (transferred, cast_cache)
@@ -96,7 +97,7 @@ def fold_casts(steps: list[Step], kept: Sequence[Tensor]) -> list[Step]:
                 or value in keep or readers.get(value, 0) != 1):
             continue
         ops, nodes = p.ops + ("cast",), p.nodes + (c.out,)
-        merged = Step(ops, nodes, p.backend, subst=dict(p.subst))
+        merged = Step(ops, nodes, p.backend, subst=dict(p.subst), elided=p.elided)
         if base.get(p.backend).choose(ops, nodes, merged.srcs) is None:
             continue
         folded[p] = _chosen(merged)

@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING
 from ..backends import base
 from .allocate import allocate
 from .assign import assign
+from .elide import elide_conts
 from .fuse import fuse, fuse_epilogues
 from .guards import guard_bytes
 from .insert import fold_casts, insert
 from .plan import Plan
+from .siblings import fuse_siblings
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -26,6 +28,8 @@ def make_plan(graph: Graph) -> Plan:
     steps, where = assign(graph.nodes, graph.leafs, priority)
     if graph.fuse:
         steps = fuse_epilogues(fuse(steps, graph.nodes, kept), graph.nodes, kept)
+        steps = fuse_siblings(steps, graph.nodes, kept)
+        steps = elide_conts(steps, graph.nodes, kept)  # last: the fusions above rebuild steps without subst
     steps = insert(steps, where)
     if graph.fuse:
         steps = fold_casts(steps, kept)
