@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import dtypes
+from .backends import base
 from .buffer import HostBuffer
 from .dtypes import DType
 from .errors import BackendError, DTypeError, GGError, OutOfMemoryError, ShapeError
@@ -23,8 +24,10 @@ class Context:
     """
 
     def __init__(self, backend: str = "auto"):
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise BackendError(f"Context: backend must be one of {BACKENDS}, got {backend!r}")
+        if isinstance(backend, str) and backend.startswith("cuda:"):
+            backend = base.canonical(backend)  # a logical CUDA device: "cuda:1"
+        if not isinstance(backend, str) or not (backend in BACKENDS or backend.startswith("cuda:")):
+            raise BackendError(f"Context: backend must be one of {BACKENDS} or 'cuda:N', got {backend!r}")
         self.backend = backend
         self.tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()  # the default context lives forever
         self.freed = False

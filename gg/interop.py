@@ -87,12 +87,22 @@ def _exported_bytes(t: Tensor) -> tuple[Any, int]:
 
 
 def _first_address(buf: Any, off: int) -> int:  # a HostBuffer or a DeviceBuffer
-    return buf.ptr + off if buf.backend == "cuda" else buf.array.ctypes.data + off
+    return buf.ptr + off if _on_cuda(buf) else buf.array.ctypes.data + off
+
+
+def _on_cuda(buf: Any) -> bool:
+    """Device memory of any logical CUDA device ("cuda", "cuda:1", ...)."""
+    return buf.backend == "cuda" or buf.backend.startswith("cuda:")
+
+
+def _ordinal(buf: Any) -> int:
+    """The GPU holding a device buffer (logical devices map to GPUs through GG_CUDA_DEVICES)."""
+    return int(getattr(buf.rt, "ordinal", 0))
 
 
 def dlpack_device(t: Tensor) -> tuple[int, int]:
     buf, _ = _exported_bytes(t)
-    return (DL_CUDA, 0) if buf.backend == "cuda" else (DL_CPU, 0)
+    return (DL_CUDA, _ordinal(buf)) if _on_cuda(buf) else (DL_CPU, 0)
 
 
 def to_dlpack(t: Tensor, stream: int | None = None) -> Any:
@@ -101,14 +111,15 @@ def to_dlpack(t: Tensor, stream: int | None = None) -> Any:
         raise DTypeError(f"__dlpack__: {t.label()} is {t.dtype.name}; DLPack export takes "
                          f"{', '.join(d.name for d in _TO_DL)}")
     buf, off = _exported_bytes(t)
-    if buf.backend == "cuda" and stream != -1:
+    if _on_cuda(buf) and stream != -1:
         from .backends import base
-        base.get("cuda").synchronize()  # gg's work is done before any consumer stream reads it
+        base.get(buf.backend).synchronize()  # gg's work is done before any consumer stream reads it
     ndim = t.n_dims
     shape = (ctypes.c_int64 * ndim)(*t.ne[:ndim][::-1])
     strides = (ctypes.c_int64 * ndim)(*(b // t.dtype.size for b in t.nb[:ndim][::-1]))
     code, bits = _TO_DL[t.dtype]
-    m = _DLManagedTensor(_first_address(buf, off), DL_CUDA if buf.backend == "cuda" else DL_CPU, 0, ndim,
+    m = _DLManagedTensor(_first_address(buf, off), DL_CUDA if _on_cuda(buf) else DL_CPU,
+                         _ordinal(buf) if _on_cuda(buf) else 0, ndim,
                          code, bits, 1, shape, strides, 0, None, _DELETE_ADDR)
     address = ctypes.addressof(m)
     _exported[address] = (m, shape, strides, buf)  # the buffer outlives the consumer's use
@@ -117,7 +128,7 @@ def to_dlpack(t: Tensor, stream: int | None = None) -> Any:
 
 def cuda_array_interface(t: Tensor) -> dict[str, Any]:
     buf, off = _exported_bytes(t)
-    if buf.backend != "cuda":
+    if not _on_cuda(buf):
         raise AttributeError(f"{t.label()} lives on the {buf.backend} backend, not on a CUDA device")
     if t.dtype not in _CAI_TYPESTR:
         raise AttributeError(f"__cuda_array_interface__: {t.dtype.name} has no typestr; use __dlpack__")
@@ -125,7 +136,7 @@ def cuda_array_interface(t: Tensor) -> dict[str, Any]:
     ndim = t.n_dims
     return {"shape": tuple(t.ne[:ndim][::-1]), "strides": tuple(t.nb[:ndim][::-1]),
             "typestr": _CAI_TYPESTR[t.dtype], "data": (buf.ptr + off, False), "version": 3,
-            "stream": cast("CUDABackend", base.get("cuda")).stream_handle()}
+            "stream": cast("CUDABackend", base.get(buf.backend)).stream_handle()}
 
 
 # ---- in ----------------------------------------------------------------------------------------

@@ -27,10 +27,13 @@ class Runnable(Protocol):
 class Patterns(NamedTuple):
     """The fusions a backend declares (the planner only applies its generic legality rules):
     `chains` are op sequences one step can run (longest first), each intermediate feeding the
-    next; `epilogue_ops` are one-node ops a product's step may also do for the rows it writes."""
+    next; `epilogue_ops` are one-node ops a product's step may also do for the rows it writes;
+    `siblings` is the most one-column products of the same input one step may compute (0: the
+    backend merges none; gg/graph/siblings.py asks `supports` for each group it would make)."""
 
     chains: tuple[tuple[str, ...], ...] = ()
     epilogue_ops: tuple[str, ...] = ()
+    siblings: int = 0
 
 
 class KernelChoice(Protocol):
@@ -99,8 +102,35 @@ def names() -> tuple[str, ...]:
     return tuple(_MODULES)
 
 
+def canonical(name: str) -> str:
+    """The name a backend is known by: "cuda:0" is "cuda" (device 0), "cuda:N" stays."""
+    if isinstance(name, str) and name.startswith("cuda:"):
+        index = device_index(name)
+        return "cuda" if index == 0 else f"cuda:{index}"
+    return name
+
+
+def device_index(name: str) -> int:
+    """N of "cuda:N" (0 for "cuda"); a BackendError for a malformed device name."""
+    if name == "cuda":
+        return 0
+    tail = name[len("cuda:"):] if name.startswith("cuda:") else ""
+    if not tail.isdigit() or (len(tail) > 1 and tail[0] == "0"):
+        raise BackendError(f"unknown backend {name!r}; CUDA devices are named 'cuda' (or 'cuda:0'), 'cuda:1', ...")
+    return int(tail)
+
+
+def is_cuda(name: str) -> bool:
+    return name == "cuda" or name.startswith("cuda:")
+
+
 def get(name: str) -> Backend:
-    """The backend called `name`. Instantiating it never touches a device."""
+    """The backend called `name` ("cuda:N": logical CUDA device N). Instantiating it never
+    touches a device."""
+    if name not in _instances and isinstance(name, str) and name.startswith("cuda:"):
+        index = device_index(name)
+        cuda = get("cuda")
+        _instances[name] = cuda if index == 0 else importlib.import_module(_MODULES["cuda"]).device(index)
     if name not in _instances:
         if name not in _MODULES:
             raise BackendError(f"unknown backend {name!r}; known: {', '.join(_MODULES)}")

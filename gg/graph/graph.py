@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..backends import base
 from ..errors import BackendError, GraphError
 from ..tensor import Flag, Tensor
 
@@ -26,6 +27,9 @@ def _priority(backends: Sequence[str] | str | None) -> tuple[str, ...] | None:
                            f"('cuda', 'cpu'), got {backends!r}") from None
     if not names or not all(isinstance(n, str) for n in names):
         raise BackendError(f"build_forward: backends must be a non-empty sequence of backend names, got {backends!r}")
+    names = tuple(dict.fromkeys(base.canonical(n) for n in names))  # "cuda:0" is "cuda"
+    for n in names:
+        base.get(n)  # an unknown name fails here, not at plan time
     return names
 
 

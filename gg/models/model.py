@@ -44,8 +44,14 @@ class Model:
     (an iterator of text pieces), `plan` (the decode graph's plan), `info()`."""
 
     def __init__(self, path: str, backends: Sequence[str] | None = None, n_ctx: int | None = None,
-                 ubatch: int = UBATCH, progress: bool | None = None):
+                 ubatch: int = UBATCH, progress: bool | None = None, devices: int | None = None):
         self.path = os.fspath(path)
+        if devices is not None:  # a layer split over that many CUDA devices (gg.graph.assign)
+            if backends is not None:
+                raise GGError("load: give backends or devices, not both")
+            if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+                raise GGError(f"load: devices must be a positive int, got {devices!r}")
+            backends = tuple("cuda" if i == 0 else f"cuda:{i}" for i in range(devices)) + ("cpu",)
         self.backends = tuple(backends) if backends is not None else None
         t0 = time.perf_counter()
         if os.path.isdir(self.path):
@@ -248,5 +254,6 @@ class Model:
 
 def load(path: str | os.PathLike, backends: Sequence[str] | None = None, n_ctx: int | None = None,
          **kwargs) -> Model:
-    """Load a GGUF file or a Hugging Face checkpoint directory (llama, qwen2)."""
+    """Load a GGUF file or a Hugging Face checkpoint directory (llama, qwen2). `devices=N` splits
+    the layers over CUDA devices cuda, cuda:1, ... cuda:N-1 (same as backends=("cuda", ..., "cpu"))."""
     return Model(path, backends=backends, n_ctx=n_ctx, **kwargs)

@@ -8,7 +8,7 @@ cuda.bindings on first use.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ...dtypes import DType
 from ...errors import BackendError
@@ -23,10 +23,13 @@ if TYPE_CHECKING:
 
 
 class CUDABackend:
-    name = "cuda"
+    """One logical CUDA device: "cuda" (device 0; "cuda:0" names it too) or "cuda:N"."""
+
     lock = LOCK
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self.name = "cuda" if index == 0 else f"cuda:{index}"
         self._available: bool | None = None
         self.unavailable_reason = ""
         self.installed = True  # cuda-python importable (else a CPU-only install: no warning)
@@ -43,6 +46,12 @@ class CUDABackend:
                 err, n = cu.cuDeviceGetCount()
                 if int(err) != 0 or n < 1:
                     raise RuntimeError("no CUDA device")
+                if self.index:
+                    from .runtime import physical_devices
+                    mapping = physical_devices()
+                    if self.index >= len(mapping) or not 0 <= mapping[self.index] < n:
+                        raise RuntimeError(f"no device {self.name!r} here ({n} GPU(s); GG_CUDA_DEVICES=0,0 "
+                                           "makes two logical devices of GPU 0)")
                 from . import compiler
                 compiler.nvrtc_version()
                 self._available = True
@@ -61,14 +70,14 @@ class CUDABackend:
         return families.choose(tuple(ops), nodes, srcs or families.node_srcs)
 
     def patterns(self) -> base.Patterns:
-        return base.Patterns(families.patterns(), families.epilogue_ops())
+        return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS)
 
     # ---- running ------------------------------------------------------------------------------
     def _rt(self):
         if not self.available():
             raise BackendError(f"cuda: backend not available on this machine ({self.unavailable_reason})")
         from . import runtime
-        return runtime.get()
+        return runtime.get(self.index)
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
         """A DeviceBuffer of nbytes (gg.OutOfMemoryError when the device is full)."""
@@ -90,8 +99,27 @@ class CUDABackend:
     def synchronize(self) -> None:
         if self._available:
             from . import runtime
-            if runtime._runtime is not None:
-                runtime._runtime.synchronize()
+            rt = runtime.created(self.index)
+            if rt is not None:
+                rt.synchronize()
+
+    def copy_from(self, dst: Any, dst_off: int, src: Any, src_off: int, nbytes: int) -> bool:
+        """dst (this device's memory) <- src without the host when src is memory of a CUDA device
+        (another logical device or GPU): ordered after src's stream, before this stream's later
+        work. False: not device memory, the caller copies through the host."""
+        from . import runtime
+        if not isinstance(src, runtime.DeviceBuffer) or not isinstance(dst, runtime.DeviceBuffer):
+            return False
+        runtime.copy_between(dst, dst_off, src, src_off, nbytes)
+        return True
 
 
 BACKEND: base.Backend = CUDABackend()  # mypy checks the class against the protocol
+_devices: dict[int, CUDABackend] = {0: BACKEND}  # type: ignore[dict-item]
+
+
+def device(index: int) -> CUDABackend:
+    """The backend of logical CUDA device `index` ("cuda:N"), made on first use (no device touched)."""
+    if index not in _devices:
+        _devices[index] = CUDABackend(index)
+    return _devices[index]

@@ -11,6 +11,7 @@ thread and two threads never interleave on the stream (e.g. during a CUDA graph 
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -37,19 +38,51 @@ class _Release:
 _RELEASE = _Release()
 
 
-class Runtime:
-    """Device 0's primary context and one non-blocking stream that every gg kernel runs on."""
+# The context current in each thread (every Runtime uses its device's primary context; logical
+# devices on one GPU share it). Kept per thread, not per Runtime: with two GPUs, entering one
+# runtime makes the other's context no longer current.
+_tls = threading.local()
 
-    def __init__(self) -> None:
+
+def physical_devices() -> list[int]:
+    """The GPU ordinal behind each logical device cuda:0, cuda:1, ...: GG_CUDA_DEVICES="0,0" makes
+    two logical devices of GPU 0 (each with its own stream, memory and CUDA graphs: a layer split
+    can be tested on one GPU); unset, cuda:i is GPU i."""
+    spec = os.environ.get("GG_CUDA_DEVICES", "").strip()
+    if not spec:
+        (count,) = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        return list(range(int(count)))
+    try:
+        return [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise BackendError(f"cuda: GG_CUDA_DEVICES must be a comma-separated list of GPU ordinals such as "
+                           f"'0,1' or '0,0', got {spec!r}") from None
+
+
+def backend_name(index: int) -> str:
+    return "cuda" if index == 0 else f"cuda:{index}"
+
+
+class Runtime:
+    """Logical device `index`'s primary context (of the GPU GG_CUDA_DEVICES maps it to) and one
+    non-blocking stream that every gg kernel of that device runs on."""
+
+    def __init__(self, index: int = 0) -> None:
         if cu is None:
             raise BackendError("cuda: cuda-python (cuda-bindings) is not installed")
         check(cu.cuInit(0), "cuInit")
         (count,) = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
         if count < 1:
             raise BackendError("cuda: no CUDA device on this machine")
-        (self.device,) = check(cu.cuDeviceGet(0), "cuDeviceGet")
+        mapping = physical_devices()
+        if not 0 <= index < len(mapping) or not 0 <= mapping[index] < count:
+            raise BackendError(f"cuda: no device {backend_name(index)!r}: this machine has {count} GPU(s)"
+                               f"{' and GG_CUDA_DEVICES=' + os.environ['GG_CUDA_DEVICES'] if os.environ.get('GG_CUDA_DEVICES') else ''}"
+                               f" (set GG_CUDA_DEVICES=0,0 for two logical devices on GPU 0)")
+        self.index, self.backend_name, self.ordinal = index, backend_name(index), mapping[index]
+        (self.device,) = check(cu.cuDeviceGet(self.ordinal), "cuDeviceGet")
         (self.context,) = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
-        self._tls = threading.local()
+        self.context_id = int(self.context)  # the same for logical devices of one GPU
         self._staging = None
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         A = cu.CUdevice_attribute
@@ -80,10 +113,10 @@ class Runtime:
         # Once per thread: cuCtxSetCurrent through the bindings costs microseconds, and enter()
         # runs on every compute. gg only ever uses the device's primary context, which other
         # libraries in the process (PyTorch) share, so a thread's current context stays valid.
-        if getattr(self._tls, "current", False):
+        if getattr(_tls, "context", None) == self.context_id:
             return
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self._tls.current = True
+        _tls.context = self.context_id
 
     def enter(self) -> "_Release":
         """Take LOCK and make the context current in this thread: `with rt.enter(): ...`
@@ -168,13 +201,12 @@ class Runtime:
 
 
 class DeviceBuffer:
-    """Device memory in gg's buffer protocol (backend "cuda"). `ptr` is the device address.
-    read/write are ordered after everything enqueued on the backend stream."""
-
-    backend = "cuda"
+    """Device memory in gg's buffer protocol (backend "cuda", "cuda:1", ...). `ptr` is the device
+    address. read/write are ordered after everything enqueued on the backend stream."""
 
     def __init__(self, rt: Runtime, nbytes: int):
         self.rt = rt
+        self.backend = rt.backend_name
         self.nbytes = int(nbytes)
         self.ptr = 0
         with rt.enter():
@@ -230,6 +262,7 @@ class ExternalBuffer(DeviceBuffer):
 
     def __init__(self, rt: Runtime, ptr: int, nbytes: int, owner: Any):
         self.rt, self.ptr, self.nbytes, self.owner = rt, int(ptr), int(nbytes), owner
+        self.backend = rt.backend_name
 
     def __del__(self) -> None:
         pass  # not ours to free: dropping `owner` releases it
@@ -238,13 +271,55 @@ class ExternalBuffer(DeviceBuffer):
         return f"ExternalBuffer({self.nbytes} B at {self.ptr:#x})"
 
 
-_runtime: Runtime | None = None
+_runtimes: dict[int, Runtime] = {}
 
 
-def get() -> Runtime:
-    """The process-wide runtime, created on first use."""
-    global _runtime
+def get(index: int = 0) -> Runtime:
+    """Logical device `index`'s process-wide runtime, created on first use."""
     with LOCK:
-        if _runtime is None:
-            _runtime = Runtime()
-        return _runtime
+        rt = _runtimes.get(index)
+        if rt is None:
+            rt = _runtimes[index] = Runtime(index)
+        return rt
+
+
+def created(index: int = 0) -> Runtime | None:
+    """The runtime of device `index` if something has used it (synchronize needs no new one)."""
+    return _runtimes.get(index)
+
+
+def _event_between(a: Runtime, b: Runtime) -> None:
+    """b's stream waits for everything enqueued on a's stream so far (no host wait)."""
+    with a.enter():
+        (ev,) = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        check(cu.cuEventRecord(ev, a.stream), f"cuEventRecord ({a.backend_name} -> {b.backend_name})")
+    try:
+        with b.enter():
+            check(cu.cuStreamWaitEvent(b.stream, ev, 0), f"cuStreamWaitEvent ({a.backend_name} -> {b.backend_name})")
+    finally:
+        with a.enter():
+            check(cu.cuEventDestroy(ev), "cuEventDestroy")  # released once the wait is done
+
+
+def copy_between(dst: DeviceBuffer, dst_off: int, src: DeviceBuffer, src_off: int, nbytes: int) -> None:
+    """dst <- src on dst's stream, after everything enqueued on src's stream so far, and src's later
+    work after the copy (it may overwrite the bytes read: arena reuse, the next compute), with no
+    host wait: a device-to-device copy on one GPU (logical devices), a peer copy between two."""
+    if nbytes <= 0:
+        return
+    src._bounds(src_off, nbytes)
+    dst._bounds(dst_off, nbytes)
+    if src.rt is dst.rt:
+        with dst.rt.enter():
+            check(cu.cuMemcpyDtoDAsync(dst.ptr + dst_off, src.ptr + src_off, nbytes, dst.rt.stream), "copying device memory")
+        return
+    _event_between(src.rt, dst.rt)
+    with dst.rt.enter():
+        if src.rt.context_id == dst.rt.context_id:
+            check(cu.cuMemcpyDtoDAsync(dst.ptr + dst_off, src.ptr + src_off, nbytes, dst.rt.stream),
+                  f"copying {nbytes} B {src.rt.backend_name} -> {dst.rt.backend_name}")
+        else:
+            check(cu.cuMemcpyPeerAsync(dst.ptr + dst_off, dst.rt.context, src.ptr + src_off, src.rt.context,
+                                       nbytes, dst.rt.stream),
+                  f"peer copy of {nbytes} B {src.rt.backend_name} -> {dst.rt.backend_name}")
+    _event_between(dst.rt, src.rt)
