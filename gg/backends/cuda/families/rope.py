@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ....dtypes import F16, F32, I32
+from ....ops.rope import ROPE_NEOX
 from ....tensor import Tensor
 from ..launch import Args, Launch, addr, rows_config, table
 from .common import GRID_X_MAX, Kernel, Srcs, Variant, aligned, node_srcs, rows
@@ -52,8 +53,14 @@ def lower(rt, step, k: RopeKernel, what: str) -> list:
     out = step.out
     x, pos = step.srcs(out)
     p = out.params
-    work = p.n_dims // 2 + (out.ne[0] - p.n_dims)
-    grid, block = rows_config(work // 2 if k.vec else work, rows(out))
+    # a row's work items exactly as kernels/rope.cu counts them: 4-wide, a thread takes two NORMAL
+    # pairs or four NEOX pairs (sizing NEOX like NORMAL left half the threads idle: T=512 prefill
+    # 9.9 vs 8.0 us); narrow: the kernel has no warp-wide steps, so a warp may span several rows
+    if k.vec:
+        work = (p.n_dims // 8 if p.mode == ROPE_NEOX else p.n_dims // 4) + (out.ne[0] - p.n_dims) // 4
+    else:
+        work = p.n_dims // 2 + (out.ne[0] - p.n_dims)
+    grid, block = rows_config(work, rows(out), narrow=True)
     freqs = table(step, frequencies(p))
     args = (Args().tensor(out).tensor(x).ptr(addr(pos)).i64(pos.nb[0]).i32(p.n_dims).i32(p.mode)
             .ptr(freqs).i32(int(k.vec)))
