@@ -50,6 +50,11 @@ def test_layer_split_cuts_at_a_layer_boundary(n_layer):
     computed = [t for t in moved if t.op is not None]
     assert len(computed) == 1 and computed[0].op == "add"
     assert all(t.op is None and t.nelements <= 64 for t in moved if t.op is None)  # positions, indices, mask
+    # the inputs' transfers lead the plan (one segment), so device 1's run is not cut apart
+    n_inputs = len(moved) - 1
+    assert all(s.ops == ("transfer",) and s.out.src[0].op is None for s in steps[:n_inputs])
+    runs = [s.backend for s in steps if s.ops != ("transfer",)]
+    assert sum(1 for a, b in zip(runs, runs[1:]) if a != b) == 1
     # each layer's KV cache writes run on one device, with the layer
     for il in range(n_layer):
         writers = {s.backend for s in steps if any(n.op == "set_rows" and n.src[0].root.name.endswith(f"_l{il}")

@@ -54,6 +54,20 @@ class _Transfer:
         return [time.perf_counter() - t0]
 
 
+class _Transfers:
+    """Consecutive transfers: one segment (profiled as one entry per transfer)."""
+
+    def __init__(self, parts: list[_Transfer]):
+        self.parts = parts
+
+    def run(self) -> None:
+        for t in self.parts:
+            t.run()
+
+    def timed_run(self) -> list[float]:
+        return [x for t in self.parts for x in t.timed_run()]
+
+
 class Executor:
     def __init__(self, plan: Plan):
         self.plan = plan
@@ -121,7 +135,11 @@ class Executor:
             if step is None:
                 break
             if step.ops == ("transfer",):
-                segments.append(_Transfer(step, memory))
+                t = _Transfer(step, memory)
+                if segments and isinstance(segments[-1], _Transfers) and not guarded:
+                    segments[-1].parts.append(t)
+                else:
+                    segments.append(_Transfers([t]))
             else:
                 run.append(step)
         self.guards = Guards(self.plan, self.arenas) if guarded else None

@@ -57,7 +57,20 @@ def insert(steps: list[Step], where: Placement) -> list[Step]:
         for cache in caches:  # copies taken before a write are stale from here on
             for k in [k for k in cache if k[0].root in written]:
                 del cache[k]
-    return out
+    return _leaf_transfers_first(out)
+
+
+def _leaf_transfers_first(steps: list[Step]) -> list[Step]:
+    """Transfers of leaves no step writes (a step's inputs: positions, row indices, masks) move to
+    the start of the plan: they read the same bytes there, and together they are one segment instead
+    of several that split the reading backend's run (and its CUDA graph) apart."""
+    written = {t.root for s in steps for t in s.outs if node_info(t).writes_view}
+    early = [s for s in steps if s.ops == ("transfer",) and s.out.src[0].root.op is None
+             and s.out.src[0].root not in written]
+    if not early:
+        return steps
+    moved = set(early)
+    return early + [s for s in steps if s not in moved]
 
 
 def _chosen(step: Step) -> Step:

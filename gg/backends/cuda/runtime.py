@@ -288,17 +288,20 @@ def created(index: int = 0) -> Runtime | None:
     return _runtimes.get(index)
 
 
+_events: dict[tuple[int, int], Any] = {}  # (from, to) device -> its event, recorded again each time
+
+
 def _event_between(a: Runtime, b: Runtime) -> None:
-    """b's stream waits for everything enqueued on a's stream so far (no host wait)."""
+    """b's stream waits for everything enqueued on a's stream so far (no host wait). One event per
+    ordered pair, reused: a wait already enqueued keeps the state the event had when it was made."""
     with a.enter():
-        (ev,) = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        ev = _events.get((a.index, b.index))
+        if ev is None:
+            (ev,) = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            _events[(a.index, b.index)] = ev
         check(cu.cuEventRecord(ev, a.stream), f"cuEventRecord ({a.backend_name} -> {b.backend_name})")
-    try:
-        with b.enter():
-            check(cu.cuStreamWaitEvent(b.stream, ev, 0), f"cuStreamWaitEvent ({a.backend_name} -> {b.backend_name})")
-    finally:
-        with a.enter():
-            check(cu.cuEventDestroy(ev), "cuEventDestroy")  # released once the wait is done
+    with b.enter():
+        check(cu.cuStreamWaitEvent(b.stream, ev, 0), f"cuStreamWaitEvent ({a.backend_name} -> {b.backend_name})")
 
 
 def copy_between(dst: DeviceBuffer, dst_off: int, src: DeviceBuffer, src_off: int, nbytes: int) -> None:
