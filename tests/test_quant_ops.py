@@ -128,3 +128,43 @@ def test_get_rows_quantized_cuda_bad_index():
     r = gg.get_rows(w, idx)
     with pytest.raises(gg.BackendError, match="get_rows"):
         gg.build_forward(r, backends=("cuda",)).compute()
+
+
+# ---- the normalizing mat-vec: rms_norm(x) * w -> W·h in one step (a stacked QKV) -----------------
+def _norm_case(rng, dt, rows, k):
+    ctx = gg.Context()
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = rng.standard_normal(k).astype(np.float32)
+    w = random_weights(rng, dt, rows, k, ctx)
+    y = gg.mul_mat(w, gg.mul(gg.rms_norm(ctx.tensor(x), 1e-5), ctx.tensor(nw)))
+    x64 = x.astype(np.float64)
+    h = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * nw
+    return y, (h @ w.numpy().astype(np.float64).T).reshape(-1)
+
+
+@pytest.mark.parametrize("dt", TYPES)
+def test_norm_mul_mat_quantized_is_one_step(dt, rng):
+    y, _ = _norm_case(rng, dt, 6144, 4096)
+    (s,) = gg.build_forward(y, backends=("cuda", "cpu")).plan.steps
+    assert s.ops == ("rms_norm", "mul", "mul_mat") and s.kernel == f"mul_mat_sibq_norm_{dt.name}_f32"
+
+
+def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
+    """Rows enough that every block re-reading the norm's weight costs more than the norm's step."""
+    y, _ = _norm_case(rng, gg.Q8_0, 14336, 4096)
+    steps = gg.build_forward(y, backends=("cuda", "cpu")).plan.steps
+    assert [s.ops for s in steps] == [("rms_norm", "mul"), ("mul_mat",)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", TYPES)
+@pytest.mark.parametrize("rows,k", [(6144, 4096), (1029, 2304), (963, 512)])
+def test_norm_mul_mat_quantized_cuda(dt, rows, k, rng):
+    y, want = _norm_case(rng, dt, rows, k)
+    g = gg.build_forward(y, backends=("cuda",))
+    assert [s.kernel for s in g.plan.steps] == [f"mul_mat_sibq_norm_{dt.name}_f32"]
+    g.compute()
+    fused = y.numpy().reshape(-1)
+    gg.build_forward(y, backends=("cuda",), fuse=False).compute()
+    assert nmse(fused, y.numpy().reshape(-1)) <= 1e-10
+    assert nmse(fused, want) <= 1e-6

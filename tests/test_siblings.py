@@ -98,7 +98,8 @@ def sibling_steps(plan):
 
 
 # ---- plans (no GPU) -------------------------------------------------------------------------------
-def test_qkv_of_one_normalized_row_is_one_step(rng):
+def test_qkv_of_one_normalized_row_is_one_step(rng, monkeypatch):
+    monkeypatch.setattr(family, "EPILOGUE_OPS", ())  # the ropes as steps (their epilogue: test_sibling_epilogue.py)
     t = Qkv(rng, K=4096, rows=(4096, 1024, 1024))
     plan = gg.build_forward(*t.outs, backends=CUDA).plan
     (s,) = sibling_steps(plan)
@@ -316,3 +317,141 @@ def test_cuda_write_in_between_and_replay(rng):
         g.compute()
     w2[5] = (2 * x[0]).astype(np.float16)
     assert nmse(p2.numpy(), ref_mul_mat(w2.astype(np.float64), x.astype(np.float64)).reshape(-1)) <= 1e-6
+
+
+# ---- block-quantized weights (kernels/quant.cu mul_mat_sibq_*) ------------------------------------
+QTYPES = [gg.Q8_0, gg.Q4_0, gg.Q4_1, gg.Q4_K, gg.Q6_K]
+
+
+def quant_siblings(rng, dts, K, rows, norm=True, act=""):
+    """Products of one token with quantized weights of types `dts` (one per product): (outputs,
+    float64 references over the dequantized weights). act: silu/gelu of the first times the second."""
+    from test_quant_ops import random_weights
+    ctx = gg.Context()
+    x, w = rand(rng, 1, K) * 3, rand(rng, K)
+    xt = ctx.tensor(x)
+    h = gg.mul(gg.rms_norm(xt, EPS), ctx.tensor(w)) if norm else xt
+    Ws = [random_weights(rng, dt, m, K, ctx) for dt, m in zip(dts, rows)]
+    prods = [gg.mul_mat(W, h) for W in Ws]
+    hr = ref_rms_norm(x.astype(np.float64), EPS) * w if norm else x.astype(np.float64)
+    refs = [ref_mul_mat(W.numpy().astype(np.float64), hr) for W in Ws]
+    if not act:
+        return prods, refs
+    f = ref_silu if act == "silu" else ref_gelu
+    return [gg.mul(getattr(gg, act)(prods[0]), prods[1])], [f(refs[0]) * refs[1]]
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+def test_quant_qkv_with_norm_is_one_step(rng, dt):
+    outs, _ = quant_siblings(rng, [dt] * 3, 4096, (4096, 1024, 1024))
+    plan = gg.build_forward(*outs, backends=CUDA).plan
+    (s,) = plan.steps
+    assert s.ops == ("rms_norm", "mul") + ("mul_mat",) * 3 and s.kernel == f"mul_mat_sibq_norm_{dt.name}_f32"
+    assert s.choice.quant and s.choice.file == "quant.cu"
+    assert s.exports == tuple(outs[:2]) and s.out is outs[2]
+    assert len({plan.alloc.offsets[p] for p in outs}) == 3
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_quant_gate_up_and_swiglu_are_one_step(rng, act):
+    (y,), _ = quant_siblings(rng, [gg.Q4_K] * 2, 512, (1536, 1536), act=act)
+    plan = gg.build_forward(y, backends=CUDA).plan
+    assert [s.ops for s in plan.steps] == [("rms_norm", "mul", "mul_mat", "mul_mat", act, "mul")]
+    k = plan.steps[0].choice
+    assert k.symbol == f"mul_mat_sibq_norm_{act}_q4_k_f32"
+    # a block writes `per` outputs from per gate rows and per up rows: the mat-vec's rows per block
+    assert k.per * 2 == family.blocks.matvec_rows(gg.Q4_K, 512, 1) and k.blocks == (-(-1536 // k.per),)
+
+
+@pytest.mark.parametrize("dt", [gg.Q8_0, gg.Q4_0])
+def test_quant_big_ffn_keeps_the_norm_a_step(rng, dt):
+    """llama-8B's gate/up: the blocks would re-read the norm's weight for more bytes than the
+    rms_norm step costs (family.QUANT_NORM_BYTES_MAX), so the norm stays a step of its own."""
+    (y,), _ = quant_siblings(rng, [dt] * 2, 4096, (14336, 14336), act="silu")
+    plan = gg.build_forward(y, backends=CUDA).plan
+    assert [s.ops for s in plan.steps] == [("rms_norm", "mul"), ("mul_mat", "mul_mat", "silu", "mul")]
+    assert plan.steps[1].kernel == f"mul_mat_sibq_silu_{dt.name}_f32"
+
+
+def test_quant_mixed_block_types_are_not_merged(rng):
+    outs, _ = quant_siblings(rng, [gg.Q8_0, gg.Q4_0, gg.Q4_0], 4096, (512, 256, 256), norm=False)
+    plan = gg.build_forward(*outs, backends=CUDA).plan
+    assert [s.ops for s in plan.steps] == [("mul_mat",), ("mul_mat",) * 2]
+    assert plan.steps[1].kernel == "mul_mat_sibq_q4_0_f32"
+
+
+def test_quant_and_float_weights_are_not_merged(rng):
+    from test_quant_ops import random_weights
+    ctx = gg.Context()
+    h = ctx.tensor(rand(rng, 1, 1024))
+    outs = [gg.mul_mat(random_weights(rng, gg.Q8_0, 64, 1024, ctx), h),
+            gg.mul_mat(ctx.tensor(rand(rng, 64, 1024).astype(np.float16)), h)]
+    assert not sibling_steps(gg.build_forward(*outs, backends=CUDA).plan)
+
+
+@pytest.mark.parametrize("act", ["", "silu"])
+def test_cpu_quant_siblings_equal_unfused_and_reference(rng, act):
+    outs, refs = quant_siblings(rng, [gg.Q4_1] * (2 if act else 3), 1024, (129, 129) if act else (129, 33, 33),
+                                act=act)
+    g, fused = _compute(outs, ("sibcpu",))
+    assert len(sibling_steps(g.plan)) == 1
+    _, plain = _compute(outs, ("sibcpu",), fuse=False)
+    for f, p, r in zip(fused, plain, refs):
+        np.testing.assert_array_equal(f, p)
+        assert nmse(f, r.reshape(f.shape)) <= 1e-6
+
+
+# K = 4096 (two whole chunks of 2048), 2304 (a partial last chunk), 512 (four rows side by side);
+# odd row counts, llama's GQA-sized q/k/v.
+QSHAPES = [(4096, (4096, 1024, 1024)), (2304, (1029, 257, 131)), (512, (77, 13, 13, 5))]
+
+
+@cuda
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("shape", QSHAPES)
+@pytest.mark.parametrize("norm", [True, False])
+def test_cuda_quant_siblings(rng, dt, shape, norm):
+    K, rows = shape
+    outs, refs = quant_siblings(rng, [dt] * len(rows), K, rows, norm=norm)
+    g, fused = _compute(outs, CUDA)
+    (s,) = g.plan.steps
+    assert s.kernel == f"mul_mat_sibq{'_norm' if norm else ''}_{dt.name}_f32"
+    _, plain = _compute(outs, CUDA, fuse=False)
+    for f, p, r in zip(fused, plain, refs):
+        if norm:
+            assert nmse(f, p) <= 1e-10
+        else:  # the same mat-vec, block for block: the same sums in the same order
+            np.testing.assert_array_equal(f, p)
+        assert nmse(f, r.reshape(f.shape)) <= 1e-6
+
+
+@cuda
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True)])
+def test_cuda_quant_swiglu(rng, dt, act, K, M, norm):
+    outs, refs = quant_siblings(rng, [dt] * 2, K, (M, M), norm=norm, act=act)
+    g, (fused,) = _compute(outs, CUDA)
+    assert [s.kernel for s in g.plan.steps] == [f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{dt.name}_f32"]
+    _, (plain,) = _compute(outs, CUDA, fuse=False)
+    assert nmse(fused, plain) <= 1e-10
+    assert nmse(fused, refs[0].reshape(fused.shape)) <= 1e-6
+
+
+@pytest.mark.compile_all
+def test_quant_sibling_launches_fit_their_kernels(rng):
+    """The packed arguments of every quantized sibling kernel match its CUBIN signature (NVRTC,
+    no GPU): with and without the norm, and the SwiGLU epilogue."""
+    from test_kernel_contract import _lowered, mismatch
+    graphs = []
+    for dt in QTYPES:
+        for norm, act in ((True, ""), (False, ""), (True, "silu"), (False, "gelu")):
+            outs, _ = quant_siblings(rng, [dt] * (2 if act else 3), 512, (64, 64) if act else (64, 32, 32),
+                                     norm=norm, act=act)
+            graphs.append(gg.build_forward(*outs, backends=("cuda",)))
+        (one,), _ = quant_siblings(rng, [dt], 512, (96,))  # matmul's normalizing mat-vec, quantized
+        graphs.append(gg.build_forward(one, backends=("cuda",)))
+        assert graphs[-1].plan.steps[0].kernel == f"mul_mat_sibq_norm_{dt.name}_f32"
+    rt, records = _lowered(graphs)
+    assert len({r.name for r in records}) == 20 and all(r.name.startswith("mul_mat_sibq") for r in records)
+    assert not [m for r in records if (m := mismatch(rt, r))]

@@ -84,9 +84,18 @@ def fuse(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) 
     return out
 
 
+SKIP = 4  # steps an epilogue op may move up past (fuse_epilogues)
+
+
 def _data(node: Tensor) -> Tensor:
     """The operand an epilogue op transforms: rope's x, set_rows' rows."""
     return node.src[1] if node.op == "set_rows" else node.src[0]
+
+
+def _dst(node: Tensor) -> Tensor | None:
+    """The tensor a write (cpy, set_rows) writes into, else None."""
+    i = node_info(node).dst_index
+    return node.src[i] if i is not None else None
 
 
 def _read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tensor]]) -> bool:
@@ -100,40 +109,67 @@ def _read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Ten
 
 
 def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
-    """A step ending in mul_mat also does the one-node steps right after it that read only its
-    rows, or the rows of such a step, through views (a rope of q and k, set_rows of k and v into a
-    KV cache), when its backend can do them in the product's epilogue (asked with the whole group).
-    Unlike a chain's, these values may have readers after the step: every node read later (or an
-    output, or a write into a persistent tensor) is one of the step's `exports` and keeps its
-    memory. Only steps that directly follow are taken, so no order changes."""
+    """A step ending in mul_mat also does the one-node steps right after it that read only the
+    rows it makes visible (its `outs`: a normalizing product, or each product of a sibling step),
+    or the rows of such a step, through views (a rope of q and k, a `cpy` or `set_rows` of k and v
+    into a KV cache), when its backend can do them in the product's epilogue (asked with the whole
+    group). Unlike a chain's, these values may have readers after the step: every node read later
+    (or an output, or a write into a persistent tensor) is one of the step's `exports` and keeps
+    its memory. A write joins only if nothing in the group reads the tensor it writes (its blocks
+    would race the readers), and no op joins that reads a tensor the group writes.
+    Up to SKIP other steps may lie in between (the `cont` of a V cache between the writes and
+    rope(q)); a later step then moves up past them, so it joins only if it reads nothing they
+    compute or write, and writes nothing they read or write. An epilogue op that cannot join
+    ends the epilogue (what follows it keeps its order). Runs again after the
+    siblings pass, which makes new product steps; a step it already extended no longer ends in
+    mul_mat."""
     readers: dict[Tensor, list[Tensor]] = {}
     for n in nodes:
         for src in set(n.src):
             readers.setdefault(src, []).append(n)
-    outs = set(outputs)
+    outs = set(outputs) | {t.root for t in outputs}
     result: list[Step] = []
-    i = 0
-    while i < len(steps):
+    joined: set[Step] = set()
+    for i in range(len(steps)):
+        if steps[i] in joined:
+            continue
         group = [steps[i]]
         if steps[i].ops[-1] == "mul_mat" and not steps[i].inserted:
             be = base.get(steps[i].backend)
             epilogue_ops = be.patterns().epilogue_ops
-            made = {steps[i].out}
+            made = set(steps[i].outs)
+            read = {s.root for n in steps[i].nodes for s in n.src}  # roots the group reads
+            written: set[Tensor] = set()                               # roots its writes write
+            passed: list[Step] = []                                    # steps it moves up past
+            passed_made: set[Tensor] = set()                           # roots they compute or write
+            passed_read: set[Tensor] = set()                           # roots they read
             for nxt in steps[i + 1:]:
+                if len(passed) >= SKIP:
+                    break
                 node = nxt.out
-                if len(nxt.ops) != 1 or nxt.ops[0] not in epilogue_ops or nxt.backend != steps[i].backend:
-                    break
-                data = _data(node)
-                if data.root not in made or any(s.root in made for s in node.src if s is not data):
-                    break
-                if not be.supports(tuple(op for g in group for op in g.ops) + nxt.ops,
-                                   tuple(n for g in group for n in g.nodes) + (node,)):
-                    break
+                data = _data(node) if len(nxt.ops) == 1 else node
+                dst = _dst(node)
+                reads = {s.root for s in node.src if s is not dst}
+                if (len(nxt.ops) != 1 or nxt.ops[0] not in epilogue_ops or nxt.backend != steps[i].backend
+                        or nxt.inserted or data.root not in made
+                        or any(s.root in made for s in node.src if s is not data)
+                        or reads & (written | passed_made)
+                        or (dst is not None and dst.root in read | written | passed_read | passed_made)
+                        or not be.supports(tuple(op for g in group for op in g.ops) + nxt.ops,
+                                           tuple(n for g in group for n in g.nodes) + (node,))):
+                    if nxt.ops[0] in epilogue_ops:  # what follows a rope or write left out keeps its order
+                        break
+                    passed.append(nxt)
+                    passed_made |= {n.root for n in nxt.nodes}
+                    passed_read |= {s.root for n in nxt.nodes for s in n.src}
+                    continue
                 group.append(nxt)
                 made.add(node)
+                read |= reads
+                if dst is not None:
+                    written.add(dst.root)
         if len(group) == 1:
             result.append(steps[i])
-            i += 1
             continue
         group_nodes = tuple(n for g in group for n in g.nodes)
         inside = set(group_nodes)
@@ -141,5 +177,5 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
                         or _read_outside(n, inside, readers))
         result.append(Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend,
                            exports=exports))
-        i += len(group)
+        joined.update(group)
     return result

@@ -20,7 +20,11 @@ view of that tensor) lies in between, so it reads exactly the bytes it read befo
 its result before its old place (steps are in dependency order), so no reader changes either.
 This also rules out a product that reads another's result, directly or through other steps. The
 prologue moves down to that place only if nothing in between writes what it reads, and its value
-has no reader outside the step; the epilogue's ops read only the group's values."""
+has no reader outside the step; the epilogue's ops read only the group's values.
+
+After merging, the rope and KV-cache writes right after a merged step may join it as its
+epilogue (fuse.py fuse_epilogues, with its legality rules): llama.cpp's separate Wq/Wk/Wv with
+rope(q), rope(k) and the K/V `cpy`/`set_rows` become one step, as gg.llama's stacked wqkv does."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -28,6 +32,7 @@ from typing import Callable, Sequence
 from ..backends import base
 from ..ops import node_info
 from ..tensor import Tensor
+from .fuse import fuse_epilogues
 from .step import Step
 
 ACTIVATIONS = ("silu", "gelu")
@@ -114,7 +119,9 @@ def fuse_siblings(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Ten
         into = taken.get(step, step)
         if into is not None:
             out.append(into)
-    return out
+    # a merged step sits where its first product was: the rope and cache writes that follow it
+    # may now join it as its epilogue (the same rules as a single product's)
+    return fuse_epilogues(out, nodes, kept) if taken else out
 
 
 def _ops(nodes: Sequence[Tensor]) -> tuple[str, ...]:

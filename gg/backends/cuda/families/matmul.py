@@ -18,6 +18,7 @@ from .. import launch
 from ..launch import Args, Launch, addr, error_code, scratch, table
 from . import blocks
 from . import rope as rope_family
+from . import siblings
 from .common import (FLOAT_NAMES, GRID_X_MAX, GRID_YZ_MAX, Kernel, Srcs, Variant, code, floats, node_srcs,
                      rows, rows_aligned)
 
@@ -315,6 +316,8 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
 
 
 def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+    if len(nodes) == 3 and srcs(nodes[2])[0].dtype.is_quantized:  # no epilogue for quantized weights yet
+        return siblings.choose_quant_norm(nodes, srcs)
     if len(nodes) < 3 or not _norm_head_ok(nodes, srcs):
         return None
     mm, tail = nodes[2], nodes[3:]
@@ -339,6 +342,8 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
 
 # ---- prepare time: launch records ----------------------------------------------------------------
 def lower(rt, step, k: Kernel, what: str) -> list:
+    if isinstance(k, siblings.Siblings):  # quantized weights normalized on the way in
+        return siblings.lower(rt, step, k, what)
     if step.ops[:3] == NORM_MATVEC:
         return [_lower_norm(rt, step, k, what)]
     out, mm = step.out, step.nodes[0]  # out is the add of a fused mul_mat -> add

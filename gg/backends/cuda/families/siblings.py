@@ -1,6 +1,8 @@
 """Sibling mat-vecs (the planner's gg/graph/siblings.py): up to MAX_MEMBERS one-column products of
 the same F32 row in one launch (kernels/siblings.cu), optionally with the `rms_norm -> mul` that
 makes the row (the prologue) and, for two products, the SwiGLU epilogue `act(Wg·h) * (Wu·h)`.
+Block-quantized weights (all products of one type) run the same groups on the quantized mat-vec
+(kernels/quant.cu mul_mat_sibq_*: blocks read in place, docs/quantization.md).
 
 Groups this family runs (ops, in the Step's node order):
   [rms_norm, mul,] mul_mat x N                      N = 2..MAX_MEMBERS, every product exported
@@ -10,11 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ....dtypes import F32
+import numpy as np
+
+from ....dtypes import F32, I32
+from ....ops.rope import ROPE_NEOX, ROPE_NORMAL
 from ....tensor import Tensor
 from .. import launch
-from ..launch import Args, Launch, addr
-from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, node_srcs, rows_aligned
+from ..launch import Args, Launch, addr, error_code, table
+from . import blocks
+from . import rope as rope_family
+from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, code, node_srcs, rows_aligned
 
 MAX_MEMBERS = 8    # products one step computes (kernels/siblings.cu SIB_MAX)
 ROWS = 2           # weight rows per block: each x (and norm weight) element loaded serves both
@@ -23,27 +30,36 @@ THREADS = 256      # most threads per block
 BATCH = 2          # 16-byte weight loads per row a thread issues before using them
 PROLOGUE = ("rms_norm", "mul")
 ACTIVATIONS = ("silu", "gelu")
+# Quantized weights with the norm prologue: every block of mul_mat_sibq_norm_* reads the norm's
+# weight row as well as x (blocks * K * 4 more bytes from L2, as many as the weights for K = 4096
+# Q8_0), which measured ~1 us per 10 MB on the H100 against ~2.8 us for the rms_norm step it saves
+# (bench_siblings: Q8_0 gate/up 14336 x 4096 with the norm 84.1 us, without 72.2; Q4_0 q/k/v
+# 15.4 vs 13.5). Above this the planner keeps the norm as its own step (its next choice).
+QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
 DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_THREADS": THREADS,
-                           "SIB_BATCH": BATCH}}
+                           "SIB_BATCH": BATCH,
+                           "SIB_ROPES": 2, "SIB_WRITES": 2}}  # the epilogue's EPI_ROPES, EPI_WRITES (below)
 
 
 @dataclass(frozen=True)
 class Siblings(Kernel):
     """The group's layout, decided at plan time: `rows` of each product (SwiGLU: gate, up),
-    whether the step normalizes its input, the epilogue's activation ("" for none) and the
-    threads per block (fewer for short rows, so that every thread has a load)."""
+    whether the step normalizes its input, the epilogue's activation ("" for none), the
+    threads per block (fewer for short rows, so that every thread has a load), the output rows
+    a block writes (`per`) and whether the weights are block-quantized (kernels/quant.cu)."""
 
     rows: tuple[int, ...]
     norm: bool
     act: str
     threads: int
+    per: int
+    quant: bool = False
 
     @property
     def blocks(self) -> tuple[int, ...]:
         """Blocks of each product (SwiGLU: one set of blocks reads both)."""
-        per = ACT_ROWS if self.act else ROWS
         rows = self.rows[:1] if self.act else self.rows
-        return tuple(-(-m // per) for m in rows)
+        return tuple(-(-m // self.per) for m in rows)
 
 
 def _split(ops: tuple[str, ...]) -> tuple[bool, int, str] | None:
@@ -62,14 +78,24 @@ def _split(ops: tuple[str, ...]) -> tuple[bool, int, str] | None:
 
 
 def claims(ops: tuple[str, ...]) -> bool:
-    return _split(ops) is not None
+    return _split(ops) is not None or _epi_cut(ops) is not None
 
 
 def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs) -> Kernel | None:
     split = _split(ops)
     if split is None:
-        return None
-    norm, n, act = split
+        return _choose_epi(ops, nodes, srcs)
+    return _choose(*split, nodes, srcs)
+
+
+def choose_quant_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+    """matmul's `rms_norm -> mul -> mul_mat` with block-quantized weights (a stacked QKV): the
+    quantized sibling kernel with one product."""
+    k = _choose(True, 1, "", nodes[:3], srcs)
+    return k if isinstance(k, Siblings) and k.quant else None
+
+
+def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     start = 2 if norm else 0
     prods = nodes[start:start + n]
     b = srcs(prods[0])[1]
@@ -86,11 +112,13 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     K = x.ne[0]
     weights = [srcs(mm)[0] for mm in prods]
     wdt = weights[0].dtype
-    if wdt not in FLOATS or K % 8 or K >= 2 ** 31:
+    quant = wdt in blocks.TYPES
+    if not (wdt in FLOATS and K % 8 == 0 or quant and K > 0 and n <= blocks.SIB_MAX) or K >= 2 ** 31:
         return None
     for mm, a in zip(prods, weights):
         if (srcs(mm)[1] is not b or a.dtype is not wdt or a.ne[0] != K or a.ne[2] * a.ne[3] != 1
-                or not rows_aligned(a) or mm.dtype is not F32 or mm.nb[0] != F32.size):
+                or not (blocks.rows_2d(a) if quant else rows_aligned(a)) or mm.dtype is not F32
+                or mm.nb[0] != F32.size):
             return None
     if act:
         a_node, mul = nodes[-2], nodes[-1]
@@ -98,10 +126,20 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
                 or prods[0].ne != prods[1].ne or a_node.dtype is not F32 or mul.dtype is not F32
                 or mul.ne != prods[0].ne or not mul.is_contiguous()):
             return None
-    chunks = K // (16 // wdt.size)
-    threads = min(THREADS, max(32, -(-chunks // 32) * 32))
-    k = Siblings("siblings.cu", f"mul_mat_sib{'_norm' if norm else ''}{'_' + act if act else ''}_{wdt.name}_f32",
-                 tuple(mm.ne[0] for mm in prods), norm, act, threads)
+    rows = tuple(mm.ne[0] for mm in prods)
+    name = f"{'_norm' if norm else ''}{'_' + act if act else ''}_{wdt.name}_f32"
+    if quant:  # the one-column quantized mat-vec's geometry; a SwiGLU block's rows are half gate, half up
+        if act and weights[0].nb[1] != weights[1].nb[1]:
+            return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
+        per = blocks.matvec_rows(wdt, K, 1)
+        k = Siblings("quant.cu", "mul_mat_sibq" + name, rows, norm, act, blocks.MV_THREADS,
+                     per // 2 if act else per, quant=True)
+        if norm and sum(k.blocks) * K * F32.size > QUANT_NORM_BYTES_MAX:
+            return None
+    else:
+        chunks = K // (16 // wdt.size)
+        threads = min(THREADS, max(32, -(-chunks // 32) * 32))
+        k = Siblings("siblings.cu", "mul_mat_sib" + name, rows, norm, act, threads, ACT_ROWS if act else ROWS)
     return k if sum(k.blocks) <= GRID_X_MAX else None
 
 
@@ -111,23 +149,180 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     prods = step.nodes[start:start + len(k.rows)]
     words = [len(prods), step.srcs(prods[0])[1].ne[0]]
     block0 = 0
-    blocks = k.blocks
+    nblocks = k.blocks
     for j, mm in enumerate(prods):
         a = step.srcs(mm)[0]
-        out = (addr(step.out) if j == 0 else 0) if k.act else addr(mm)
+        out = (addr(step.out) if j == 0 else 0) if k.act else addr(mm) if mm in step.outs else 0
         words += [addr(a), a.nb[1], out, mm.ne[0], block0]
-        block0 += blocks[j] if j < len(blocks) else 0
-    words += [0] * 5 * (MAX_MEMBERS - len(prods))
+        block0 += nblocks[j] if j < len(nblocks) else 0
+    words += [0] * 5 * ((blocks.SIB_MAX if k.quant else MAX_MEMBERS) - len(prods))
     if k.norm:
         rn, mul = step.nodes[0], step.nodes[1]
         x, w, eps = step.srcs(rn)[0], step.srcs(mul)[1], rn.params.eps
         args = Args().words(*words).ptr(addr(x)).ptr(addr(w)).f32(eps)
     else:
         args = Args().words(*words).ptr(addr(step.srcs(prods[0])[1])).ptr(0).f32(0.0)
-    args.i32(int(launch.L2_PREFETCH))
-    return [Launch(rt, k.file, k.symbol, (sum(blocks), 1, 1), (k.threads, 1, 1), args, what=what)]
+    if not k.quant:  # the quantized mat-vec prefetches nothing: its cp.async copies are in flight at once
+        args.i32(int(launch.L2_PREFETCH))
+    if isinstance(k, SibEpilogue):
+        _epi_args(rt, step, k, args, what)
+    return [Launch(rt, k.file, k.symbol, (sum(nblocks), 1, 1), (k.threads, 1, 1), args, what=what)]
 
 
 def variants() -> list[Variant]:
-    return [Variant("siblings.cu", f"mul_mat_sib{norm}{act}_{a}_f32")
-            for a in FLOAT_NAMES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
+    return ([Variant("siblings.cu", f"mul_mat_sib{norm}{act}_{a}_f32")
+             for a in FLOAT_NAMES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
+            + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32")
+               for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
+            + _epi_variants())
+
+
+# ---- the epilogue: rope and KV-cache writes of the products' rows --------------------------------
+# The planner's fuse_epilogues (gg/graph/fuse.py) hands a sibling step the one-node steps right
+# after it that only transform its products' rows: llama.cpp's rope(q), rope(k) and the K/V
+# writes (`cpy` into a cache view, or `set_rows`). Groups:
+#   [rms_norm, mul,] mul_mat x N, then rope / cpy / set_rows (at most EPI_ROPES and EPI_WRITES)
+EPILOGUE_OPS = ("rope", "cpy", "set_rows")
+EPI_ROPES = 2      # kernels/siblings.cu SIB_ROPES: q and k
+EPI_WRITES = 2     # kernels/siblings.cu SIB_WRITES: K and V
+_ROPE_WORDS, _WRITE_WORDS = 9, 24  # kernels/siblings.cu SibRope, SibWrite
+
+
+@dataclass(frozen=True)
+class SibEpilogue(Siblings):
+    """A sibling step with its epilogue, decided at plan time. A rope is (member, lo, n, head_dim,
+    n_dims, neox, table offset in doubles) over the member's rows [lo, lo + n); a write is (member,
+    rope index or -1 for raw rows, lo, n, ne0, div (3), ne (3), byte strides (4) of the destination,
+    idx byte strides (3), idx ne1 and ne2, destination rows, set_rows): see kernels/siblings.cu
+    SibWrite for what the numbers mean."""
+
+    ropes: tuple[tuple[int, ...], ...] = ()
+    writes: tuple[tuple[int, ...], ...] = ()
+
+
+def _epi_cut(ops: tuple[str, ...]) -> int | None:
+    """Where the epilogue ops start in a group that has some, else None."""
+    cut = len(ops)
+    while cut > 0 and ops[cut - 1] in EPILOGUE_OPS:
+        cut -= 1
+    return cut if cut < len(ops) and _split(ops[:cut]) is not None else None
+
+
+def _member_rows(t: Tensor, roots: Sequence[Tensor]) -> tuple[int, int, int] | None:
+    """(index in roots, element offset, count) of t, a view of one of roots (contiguous F32 rows)
+    whose elements are contiguous along dim 0 and, across dims 1..3 (in stride order), tile the
+    range [offset, offset + count) exactly once."""
+    k = next((i for i, r in enumerate(roots) if t.root is r), None)
+    if k is None or t.dtype is not F32 or t.nb[0] != F32.size or t.view_offs % F32.size:
+        return None
+    step = t.ne[0]
+    for ne, nb in sorted((t.ne[d], t.nb[d]) for d in (1, 2, 3) if t.ne[d] > 1):
+        if nb != step * F32.size:
+            return None
+        step *= ne
+    return k, t.view_offs // F32.size, t.nelements
+
+
+def _epi_rope(rope: Tensor, prods: Sequence[Tensor], srcs: Srcs, table: int) -> tuple[int, ...] | None:
+    """A rope of one token's heads over contiguous rows of a product: the rotated pairs must be
+    a block's two rows (lo, head_dim and n_dims even; blocks start at even member rows)."""
+    x, pos = srcs(rope)
+    found = _member_rows(x, prods)
+    p = rope.params
+    if (found is None or not x.is_contiguous() or p.mode not in (ROPE_NORMAL, ROPE_NEOX) or rope.dtype is not F32
+            or not rope.is_contiguous() or pos.dtype is not I32 or x.ne[2] * x.ne[3] != 1):
+        return None
+    member, lo, n = found
+    hd = x.ne[0]
+    if lo % 2 or hd % 2 or p.n_dims % 2:
+        return None
+    return member, lo, n, hd, p.n_dims, int(p.mode == ROPE_NEOX), table
+
+
+def _epi_write(node: Tensor, prods: Sequence[Tensor], ropes: Sequence[tuple[Tensor, tuple[int, ...]]],
+               srcs: Srcs) -> tuple[int, ...] | None:
+    """A cpy (into a tensor of the data's shape, or a contiguous one) or a set_rows of product
+    rows, raw or roped by one of `ropes`."""
+    if node.op == "cpy":
+        data, dst = srcs(node)
+        idx = None
+    else:
+        dst, data, idx = srcs(node)
+    found = _member_rows(data, list(prods) + [r for r, _ in ropes])
+    if found is None or node.dtype not in FLOATS or dst.dtype is not node.dtype:
+        return None
+    k, off, n = found
+    rope = k - len(prods) if k >= len(prods) else -1
+    member, lo = (ropes[rope][1][0], ropes[rope][1][1] + off) if rope >= 0 else (k, off)
+    div = [1, 1, 1]
+    for d in (1, 2, 3):
+        if data.ne[d] > 1:
+            div[d - 1] = data.nb[d] // F32.size // data.ne[0]
+    if idx is None:
+        if dst.ne == data.ne:
+            nb = list(dst.nb)
+        elif dst.is_contiguous():  # elements matched in logical order: the data's contiguous strides
+            nb = [dst.dtype.size * data.ne[0] ** (d > 0) * data.ne[1] ** (d > 1) * data.ne[2] ** (d > 2)
+                  for d in range(4)]
+        else:
+            return None
+        inb, ine, nrows = [0, 0, 0], [1, 1], 2 ** 31 - 1
+    else:
+        if idx.dtype is not I32 or dst.ne[1] > 2 ** 31 - 1:
+            return None
+        nb, inb, ine, nrows = list(dst.nb), list(idx.nb[:3]), [idx.ne[1], idx.ne[2]], dst.ne[1]
+    return (member, rope, lo, n, data.ne[0], *div, *data.ne[1:], *nb, *inb, *ine, nrows, code(node),
+            int(idx is not None))
+
+
+def _choose_epi(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+    cut = _epi_cut(ops)
+    if cut is None:
+        return None
+    k = choose(ops[:cut], nodes[:cut], srcs)
+    if not isinstance(k, Siblings) or k.act or k.quant or k.per != 2 or k.file != "siblings.cu":
+        return None
+    start = 2 if k.norm else 0
+    prods = nodes[start:cut]
+    if any(mm.ne[1:] != (1, 1, 1) for mm in prods):
+        return None
+    ropes: list[tuple[Tensor, tuple[int, ...]]] = []
+    writes: list[tuple[int, ...]] = []
+    tbytes = 0
+    for node in nodes[cut:]:
+        if node.op == "rope":
+            r = _epi_rope(node, prods, srcs, tbytes // 8)
+            if r is None or len(ropes) == EPI_ROPES or any(o[0] == r[0] for _, o in ropes):
+                return None
+            ropes.append((node, r))
+            tbytes += rope_family.table_bytes(node.params.n_dims)
+        else:
+            w = _epi_write(node, prods, ropes, srcs)
+            if w is None or len(writes) == EPI_WRITES:
+                return None
+            writes.append(w)
+    prefix = "mul_mat_sib" + ("_norm" if k.norm else "")
+    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):], k.rows, k.norm, "", k.threads, k.per,
+                       ropes=tuple(r for _, r in ropes), writes=tuple(writes), table=tbytes)
+
+
+def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
+    """The SibEpi parameter: addresses now, the layout as chosen."""
+    tail = [n for n in step.nodes if n.op in EPILOGUE_OPS]
+    ropes = [n for n in tail if n.op == "rope"]
+    writes = [n for n in tail if n.op != "rope"]
+    freqs = table(step, np.concatenate([rope_family.frequencies(r.params) for r in ropes])) if ropes else 0
+    words: list[int] = []
+    for r, (member, lo, n, hd, n_dims, neox, off) in zip(ropes, k.ropes):
+        out = addr(r) if r in step.outs else 0  # a rope read only by the step's own writes is never stored
+        words += [out, addr(step.srcs(r)[1]), freqs + 8 * off, member, lo, n, hd, n_dims, neox]
+    words += [0] * _ROPE_WORDS * (EPI_ROPES - len(ropes))
+    for w, (*layout, is_set_rows) in zip(writes, k.writes):
+        idx = addr(step.srcs(w)[2]) if is_set_rows else 0
+        words += [addr(w), idx, *layout]
+    words += [0] * _WRITE_WORDS * (EPI_WRITES - len(writes))
+    args.words(*words, rt.err_word.ptr, error_code(rt, what))
+
+
+def _epi_variants() -> list[Variant]:
+    return [Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32") for a in FLOAT_NAMES for norm in ("", "_norm")]

@@ -538,21 +538,43 @@ __device__ __forceinline__ void mv_load_x(const float* xc, int o1, int o2, bool 
     }
 }
 
+// What the sibling mat-vec (mul_mat_sibq_*, below) adds to the plain one, for one column:
+// NORM: x is the raw row, y = rms_norm(x) * nw times the weights: every block reads the whole row
+// anyway, so it sums x^2 on the way (slot 0's threads cover each element once) and scales its
+// sums by 1 / sqrt(mean(x^2) + eps) as it writes (as kernels/norm.cu). ACT (SwiGLU): the block's
+// rows are `no` rows of the gate (w) and the same `no` rows of up (w2), the output act(g) * u.
+enum { MV_ACT_NONE = 0, MV_ACT_SILU = 1, MV_ACT_GELU = 2 };
+struct MvExtra {
+    const float* nw;
+    float eps;
+    const char* w2;  // ACT: up's weights, rows as far apart as the gate's
+};
+
+template <int ACT> __device__ __forceinline__ float mv_act(float v) {
+    if (ACT == MV_ACT_SILU) return v / (1.0f + expf(-v));  // as unary.cu
+    const float k = 0.7978845608028654f;                   // sqrt(2 / pi)
+    return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+}
+
 // `res` (F32, y's shape, columns res_stride apart, or null) is added to every sum as it is
 // written: the planner's mul_mat + add of a residual connection, one launch and one pass less.
-template <class Q, int R, int NMAX, int AL>
+// SIB: `blk` is the block's index among the product's blocks (a sibling launch runs several
+// products), else blockIdx.x.
+template <class Q, int R, int NMAX, int AL, bool SIB, bool NORM, int ACT>
 __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                        i64 y_stride, const float* res, i64 res_stride, i64 n_rows, int K, int ncols,
-                                       u8* smem, float* tab) {
+                                       u8* smem, float* tab, float* fin, i64 blk, const MvExtra& e) {
     typedef MV<Q> T;
     constexpr int NT = QUANT_MV_THREADS, S = QUANT_MV_STAGES, STAGE = MvGeom<Q>::stage_bytes(R);
+    static_assert(ACT == MV_ACT_NONE || (R % 2 == 0 && NMAX == 1), "SwiGLU: gate and up rows in pairs, one column");
+    static_assert(!NORM || NMAX == 1, "the norm prologue takes one column");
     const int tid = threadIdx.x;
     const int tpr = max(1, min(NT, K / QUANT_MV_ITEM)), slots = min(QUANT_MV_SLOTS, NT / tpr);
-    const int rb = slots * R;
-    const i64 r0 = (i64)blockIdx.x * rb;
+    const int rb = slots * R, ob = ACT ? rb / 2 : rb;  // weight rows, output rows per block
+    const i64 r0 = (SIB ? blk : (i64)blockIdx.x) * ob;
     if (r0 >= n_rows) return;  // the whole block
-    const int nr = (int)min((i64)rb, n_rows - r0);
-    if (K <= 0) {  // empty rows: every sum is 0
+    const int no = (int)min((i64)ob, n_rows - r0), nr = ACT ? 2 * no : no;
+    if (K <= 0) {  // empty rows: every sum is 0 (the sibling kernels never get K = 0)
         const int N0 = NMAX == 1 ? 1 : ncols;
         for (int e = tid; e < nr * N0; e += NT)
             y[(e / nr) * y_stride + r0 + e % nr] = res ? res[(e / nr) * res_stride + r0 + e % nr] : 0.0f;
@@ -564,9 +586,19 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     const int nbc = chunk / 256;  // K-quant blocks of a full chunk (the table's row pitch / 16)
     const float rnv = 1.0f / (float)nv;
     const char* wb = w + r0 * w_nb1;
+    // ACT: up's row i (the block's row no + i) lies `up` bytes past where gate's row no + i would
+    // (the host gives both the same row stride): one extra register, not a second row walk
+    const i64 up = ACT ? (i64)(e.w2 - w) - (i64)no * w_nb1 : 0;
     // a row's offset from the 16-byte boundary below it (chunks are whole vectors: every chunk's too)
     const unsigned wlo = (unsigned)(unsigned long long)wb, nblo = (unsigned)w_nb1;
-    const bool xvec = (((unsigned long long)x | (unsigned long long)(x_stride * 4)) & 15) == 0;
+    auto rowp = [&](int j) -> const char* { return wb + (i64)j * w_nb1 + (j < no ? 0 : up); };
+    auto rowoff = [&](int j) -> unsigned {
+        if constexpr (ACT != MV_ACT_NONE) return (wlo + (unsigned)j * nblo + (j < no ? 0u : (unsigned)up)) & 15u;
+        else return (wlo + (unsigned)j * nblo) & 15u;
+    };
+    const bool xvec =
+        (((unsigned long long)x | (unsigned long long)(x_stride * 4) | (NORM ? (unsigned long long)e.nw : 0ull)) & 15) == 0;
+    float ss = 0.0f;  // NORM: this thread's sum of x^2
     const int N = NMAX == 1 ? 1 : ncols;
     int o1, o2;
     T::offs(item, o1, o2);
@@ -579,7 +611,9 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
 #pragma unroll 1
         for (int v = tid; v < nr * nv; v += NT) {
             const int j = fdiv(v, rnv), k = v - j * nv;
-            const char* p = wb + (i64)j * w_nb1 + (i64)c * cbytes;
+            const char* p;  // (the plain mat-vec's code exactly: its registers are tuned)
+            if constexpr (ACT != MV_ACT_NONE) p = rowp(j) + (i64)c * cbytes;
+            else p = wb + (i64)j * w_nb1 + (i64)c * cbytes;
             const int off = (int)((unsigned long long)p & 15u);
             const int have = off + bytes - 16 * k;
             if (have > 0) cp_async16(sb + j * rstride + 16 * k, p - off + 16 * k, min(have, 16));
@@ -606,6 +640,15 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
         float xv[8], p[4];
         if (NMAX == 1 && live) {  // one column: the activations once, for all R rows
             mv_load_x(xc, o1, o2, xvec, xv);
+            if constexpr (NORM) {
+                float nv[8];
+                mv_load_x(e.nw + (i64)c * chunk, o1, o2, xvec, nv);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    ss = fmaf(xv[t], xv[t], ss);
+                    xv[t] *= nv[t];
+                }
+            }
             T::prep(xv, p);
         }
         cp_async_wait<S - 1>();  // chunk c has landed (this thread's copies) ...
@@ -617,7 +660,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
 #pragma unroll 1
             for (int e = tid; e < total; e += NT) {
                 const int s = e % T::SUB, rbk = e / T::SUB, j = fdiv(rbk, rn), b = rbk - j * nbk;
-                const u8* rp = sb + j * rstride + ((wlo + (unsigned)j * nblo) & 15u);
+                const u8* rp = sb + j * rstride + rowoff(j);
                 if constexpr (T::TAB > 0) T::template entry<AL>(rp + b * Q::BYTES, s, tab + 16 * (j * nbc + b));
             }
             __syncthreads();
@@ -627,7 +670,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
             for (int m = 0; m < R; ++m) {
                 const int j = slot * R + m;
                 if (j < nr) {
-                    const u8* rp = sb + j * rstride + ((wlo + (unsigned)j * nblo) & 15u);
+                    const u8* rp = sb + j * rstride + rowoff(j);
                     Dq q;
                     T::template decode<AL>(rp, item, tab + 16 * j * nbc, q);
                     if (NMAX == 1) {
@@ -650,44 +693,106 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     }
 
     // Row sums: thread (slot, item) left row slot * R + m's part in red[m][tid].
-    float* red = (float*)smem;  // R * NT floats <= the stages, idle now (only empty copy groups remain)
+    // NORM: slot 0's parts of sum(x^2) in red[R * NT + t], t < tpr.
+    float* red = (float*)smem;  // (R + 1) * NT floats <= the stages, idle now (only empty copy groups remain)
     const int warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int n = 0; n < NMAX; ++n) {
         if (n < N) {
 #pragma unroll
             for (int m = 0; m < R; ++m) red[m * NT + tid] = acc[m][n];
+            if constexpr (NORM) red[R * NT + tid] = ss;
             __syncthreads();
+            float scale = 1.0f;
+            if constexpr (NORM) {  // every warp sums the same parts in the same order
+                float sq = 0.0f;
+#pragma unroll 1
+                for (int t = lane; t < tpr; t += 32) sq += red[R * NT + t];
+                scale = 1.0f / sqrtf(warp_sum(sq) / (float)K + e.eps);  // as kernels/norm.cu
+            }
             for (int j = warp; j < nr; j += NT / 32) {
                 const float* pr = red + (j % R) * NT + (j / R) * tpr;
                 float v = 0.0f;
 #pragma unroll 1
                 for (int t = lane; t < tpr; t += 32) v += pr[t];
                 v = warp_sum(v);
-                if (lane == 0) y[n * y_stride + r0 + j] = res ? v + res[n * res_stride + r0 + j] : v;
+                if constexpr (NORM) v *= scale;
+                if constexpr (ACT != MV_ACT_NONE) {
+                    if (lane == 0) fin[j] = v;
+                } else if (lane == 0) {
+                    y[n * y_stride + r0 + j] = res ? v + res[n * res_stride + r0 + j] : v;
+                }
             }
             __syncthreads();
         }
     }
+    if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
+        for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
+    }
 }
 
-template <class Q, int R, int NMAX>
+template <class Q, int R, int NMAX, bool SIB = false, bool NORM = false, int ACT = MV_ACT_NONE>
 __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                                  i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,
-                                                 int ncols) {
+                                                 int ncols, i64 blk, const MvExtra& e) {
     constexpr int STAGE = MvGeom<Q>::stage_bytes(R);
-    static_assert(QUANT_MV_STAGES * STAGE >= R * QUANT_MV_THREADS * 4, "the row sums reuse the stages");
+    static_assert(QUANT_MV_STAGES * STAGE >= (R + NORM) * QUANT_MV_THREADS * 4, "the row sums reuse the stages");
     __shared__ __align__(16) u8 smem[QUANT_MV_STAGES * STAGE];
     __shared__ __align__(16) float tab[MV<Q>::TAB > 0 ? R * (MV_CHUNK / 256) * 16 : 4];
-    const unsigned long long a = (unsigned long long)w | (unsigned long long)w_nb1;
-    if ((a & 3) == 0) mv_run<Q, R, NMAX, 2>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
-                                            smem, tab);
-    else if ((a & 1) == 0) mv_run<Q, R, NMAX, 1>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0,
-                                                 ncols, smem, tab);
-    else mv_run<Q, R, NMAX, 0>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols, smem, tab);
+    __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MV_SLOTS * R : 1];
+    unsigned long long a = (unsigned long long)w | (unsigned long long)w_nb1;
+    if (ACT != MV_ACT_NONE) a |= (unsigned long long)e.w2;
+    if ((a & 3) == 0)
+        mv_run<Q, R, NMAX, 2, SIB, NORM, ACT>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+                                         smem, tab, fin, blk, e);
+    else if ((a & 1) == 0)
+        mv_run<Q, R, NMAX, 1, SIB, NORM, ACT>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+                                         smem, tab, fin, blk, e);
+    else
+        mv_run<Q, R, NMAX, 0, SIB, NORM, ACT>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+                                         smem, tab, fin, blk, e);
+}
+
+// ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
+// Up to QUANT_SIB_MAX products W_j · x of one F32 row, all of one block type, in one launch: the
+// grid is the products' blocks one after another (QSibMember.block0: a product's first block),
+// each block the one-column mat-vec above over its product's rows (NORM: x normalized on the way
+// in; ACT: two products, gate and up, a block takes the same rows of both and writes act(g) * u
+// to the gate entry's `out`). All fields 8 bytes: the host packs the set as words.
+struct QSibMember {
+    const char* a;  // the weights: rows of K elements, nb1 bytes apart
+    i64 nb1;
+    char* out;      // F32, contiguous
+    i64 rows;
+    i64 block0;
+};
+struct QSibSet {
+    i64 n, K;
+    QSibMember m[QUANT_SIB_MAX];
+};
+
+template <class Q, bool NORM, int ACT>
+__device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps) {
+    // the block's product, with constant indices only (a parameter indexed at run time is copied
+    // to local memory first)
+    QSibMember p = s.m[0];
+#pragma unroll
+    for (int i = 1; i < QUANT_SIB_MAX; ++i)
+        if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) p = s.m[i];
+    const MvExtra e{nw, eps, ACT != MV_ACT_NONE ? s.m[1].a : nullptr};
+    mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows, s.K, 1,
+                                                   (i64)blockIdx.x - p.block0, e);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
+// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps): the sibling mat-vecs above.
+#define GG_SIBQ(Q, S, NORM, ACT, NAME)                                                                             \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
+        mul_mat_sibq##NAME##_##S##_f32(QSibSet s, const float* x, const float* nw, float eps) {                   \
+        gg_grid_sync();                                                                                           \
+        sibq_impl<Q, NORM, ACT>(s, x, nw, eps);                                                                   \
+    }
+
 // dequant_rows_<t>_<o>: dst row r (o = f32 | f16) = source row r dequantized.
 // get_rows_<t>_<o>: dst row r = source row ids[r].
 // mul_mat_vec_<t>_f32: ncols 1..8; mul_mat_vec1_<t>_f32: one column (ncols ignored), fewer
@@ -720,15 +825,21 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
                               const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) {                 \
         gg_grid_sync();                                                                                           \
         mul_mat_vec_impl<Q, QUANT_MV_ROWS_N, QUANT_MV_NMAX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride,  \
-                                                            n_rows, ne0, ncols);                                  \
+                                                            n_rows, ne0, ncols, blockIdx.x, MvExtra{});           \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                                \
         mul_mat_vec1_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,    \
                                const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) {                \
         gg_grid_sync();                                                                                           \
         mul_mat_vec_impl<Q, MV<Q>::ROWS, 1>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0,     \
-                                            ncols);                                                               \
-    }
+                                            ncols, blockIdx.x, MvExtra{});                                        \
+    }                                                                                                             \
+    GG_SIBQ(Q, S, false, MV_ACT_NONE, )                                                                           \
+    GG_SIBQ(Q, S, true, MV_ACT_NONE, _norm)                                                                       \
+    GG_SIBQ(Q, S, false, MV_ACT_SILU, _silu)                                                                      \
+    GG_SIBQ(Q, S, true, MV_ACT_SILU, _norm_silu)                                                                  \
+    GG_SIBQ(Q, S, false, MV_ACT_GELU, _gelu)                                                                      \
+    GG_SIBQ(Q, S, true, MV_ACT_GELU, _norm_gelu)
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)

@@ -12,8 +12,14 @@
 // elements it reads anyway and scales its sums by 1 / sqrt(mean(x^2) + eps) (as norm.cu): the
 // rms_norm -> mul step that made the products' input disappears. Several rows per block share
 // every x (and nw) element loaded: the vector traffic from L2 shrinks with them.
-// SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_THREADS and SIB_BATCH come from the host
-// (families/siblings.py, as -D).
+//
+// EPI (the planner's epilogue fusion over a sibling step: llama.cpp's separate Wq/Wk/Wv of a decode
+// token with rope(q), rope(k) and the K/V cache writes): each finished row also goes through
+// sib_epilogue below, and a product with no reader after the step is never stored. A rotated
+// pair is always the block's two rows: NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway; NEOX's
+// (i, i + n_dims/2) are given to the block of pair slot i by sib_rows (as mul_mat.cu's mv_rows).
+// SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES come from
+// the host (families/siblings.py, as -D).
 #include "common.cuh"
 
 // All fields 8 bytes: the host packs the set as words.
@@ -43,14 +49,15 @@ struct SibPick {
     const char* a;
     i64 nb1, rows, m0;
     char* out;
+    int member;
 };
 __device__ __forceinline__ SibPick sib_pick(const SibSet& s, int per_block) {
-    SibPick p{s.m[0].a, s.m[0].nb1, s.m[0].rows, 0, s.m[0].out};
+    SibPick p{s.m[0].a, s.m[0].nb1, s.m[0].rows, 0, s.m[0].out, 0};
     i64 b0 = 0;
 #pragma unroll
     for (int i = 1; i < SIB_MAX; ++i) {
         if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) {
-            p = SibPick{s.m[i].a, s.m[i].nb1, s.m[i].rows, 0, s.m[i].out};
+            p = SibPick{s.m[i].a, s.m[i].nb1, s.m[i].rows, 0, s.m[i].out, i};
             b0 = s.m[i].block0;
         }
     }
@@ -58,30 +65,123 @@ __device__ __forceinline__ SibPick sib_pick(const SibSet& s, int per_block) {
     return p;
 }
 
+// ---- the epilogue (all fields 8 bytes: the host packs it as words) ----
+// A rope of member rows [lo, lo + n) in heads of hd into `out` (null: read inside the step only).
+struct SibRope {
+    char* out;
+    const char* pos;
+    const double* freqs;
+    i64 member, lo, n, hd, n_dims, neox;
+};
+// A cache write of member rows [lo, lo + n), raw or as rope `rope` made them (-1: raw). Element u
+// of the range is (c, i1, i2, i3) of the written tensor: c = u % ne0, i_k = (u / ne0 / div[k]) %
+// ne[k]. It goes to dst + c*nb[0] + row*nb[1] + i2*nb[2] + i3*nb[3], row = i1 (a cpy) or
+// idx[i1, i2 % ine[0], i3 % ine[1]] (a set_rows; out of [0, nrows): nothing written, `code`
+// reported through `err`, as rows.cu's set_rows does).
+struct SibWrite {
+    char* dst;
+    const char* idx;
+    i64 member, rope, lo, n, ne0, div[3], ne[3], nb[4], inb[3], ine[2], nrows, dt;
+};
+struct SibEpi {
+    SibRope r[SIB_ROPES];
+    SibWrite w[SIB_WRITES];
+    int* err;
+    i64 code;
+};
+
+// The rows (r0, r0 + dr) of the block of member rows from m0 (even): see EPI above.
+__device__ __forceinline__ void sib_rows(const SibEpi& e, int member, i64 m0, i64& r0, i64& dr) {
+#pragma unroll
+    for (int k = 0; k < SIB_ROPES; ++k) {
+        const SibRope& r = e.r[k];
+        const i64 j = m0 - r.lo;
+        if (r.n && r.member == member && r.neox && j >= 0 && j < r.n) {
+            const int c = (int)j % (int)r.hd;  // 32-bit: a 64-bit modulo is a long software routine
+            if (c < (int)r.n_dims) {
+                r0 = m0 - c + c / 2;
+                dr = r.n_dims / 2;
+            }
+        }
+    }
+}
+
+// Member row m's value v (x0, x1: the raw values of its rope pair; second: m is the pair's second).
+__device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* raw, i64 m, float v, float x0,
+                                             float x1, bool second) {
+    if (raw) *(float*)raw = v;
+    float roped[SIB_ROPES];
+#pragma unroll
+    for (int k = 0; k < SIB_ROPES; ++k) {
+        const SibRope& r = e.r[k];
+        const i64 j = m - r.lo;
+        roped[k] = v;
+        if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
+        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
+        if (c < (int)r.n_dims) {
+            // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
+            const double f = r.freqs[r.neox ? (c < half ? c : c - half) : c / 2];
+            float sn, cs;
+            rope_sincos((double)*(const int*)r.pos, f, sn, cs);
+            roped[k] = rope_rotate(x0, x1, sn, cs, second);
+        }
+        if (r.out) *(float*)(r.out + j * (i64)sizeof(float)) = roped[k];
+    }
+#pragma unroll
+    for (int k = 0; k < SIB_WRITES; ++k) {
+        const SibWrite& w = e.w[k];
+        const i64 u = m - w.lo;
+        if (!w.dst || w.member != member || u < 0 || u >= w.n) continue;
+        float y = v;
+#pragma unroll
+        for (int q = 0; q < SIB_ROPES; ++q)
+            if (w.rope == q) y = roped[q];
+        const int c = (int)u % (int)w.ne0, h = (int)u / (int)w.ne0;
+        const int i1 = h / (int)w.div[0] % (int)w.ne[0], i2 = h / (int)w.div[1] % (int)w.ne[1],
+                  i3 = h / (int)w.div[2] % (int)w.ne[2];
+        i64 row = i1;
+        if (w.idx) {
+            row = *(const int*)(w.idx + i1 * w.inb[0] + (i2 % (int)w.ine[0]) * w.inb[1] + (i3 % (int)w.ine[1]) * w.inb[2]);
+            if (row < 0 || row >= w.nrows) {
+                report_error(e.err, (int)e.code);
+                continue;
+            }
+        }
+        st_dt(w.dst + c * w.nb[0] + row * w.nb[1] + i2 * w.nb[2] + i3 * w.nb[3], y, (int)w.dt);
+    }
+}
+
 // Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read).
-template <class TA, int ACT> __device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre) {
+template <class TA, int ACT, bool EPI = false>
+__device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre, const SibEpi* epi = nullptr) {
     if (!pre) return;
     constexpr int W = ACT ? 2 : 1, R = ACT ? SIB_ACT_ROWS : SIB_ROWS;
     const SibPick p = sib_pick(s, R);
     const i64 bytes = s.K * (i64)sizeof(TA);
+    i64 r0 = p.m0, dr = 1;
+    if constexpr (EPI) sib_rows(*epi, p.member, p.m0, r0, dr);
     for (int rr = 0; rr < R && p.m0 + rr < p.rows; ++rr) {
-        gg_l2_prefetch(p.a + (p.m0 + rr) * p.nb1, bytes);
+        gg_l2_prefetch(p.a + (r0 + rr * dr) * p.nb1, bytes);
         if (W == 2) gg_l2_prefetch(s.m[1].a + (p.m0 + rr) * s.m[1].nb1, bytes);
     }
 }
 
-template <class TA, bool NORM, int ACT>
-__device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps) {
+template <class TA, bool NORM, int ACT, bool EPI = false>
+__device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps,
+                                         const SibEpi* epi = nullptr) {
+    static_assert(!EPI || (ACT == SIB_NONE && SIB_ROWS == 2), "the epilogue ropes the pair of the block's two rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of the weights
     constexpr int W = ACT ? 2 : 1;           // weight matrices a block reads (gate and up)
     constexpr int R = ACT ? SIB_ACT_ROWS : SIB_ROWS;  // rows of each
     __shared__ float part[W * R + NORM][SIB_THREADS / 32];
     const SibPick p = sib_pick(s, R);
     const int nrows = (int)min((i64)R, p.rows - p.m0);
+    i64 r0 = p.m0, dr = 1;  // block row rr is member row r0 + rr * dr
+    if constexpr (EPI) sib_rows(*epi, p.member, p.m0, r0, dr);
     const char* arow[W];
     i64 nb1[W];
-    arow[0] = p.a + p.m0 * p.nb1;
-    nb1[0] = p.nb1;
+    arow[0] = p.a + r0 * p.nb1;
+    nb1[0] = p.nb1 * dr;
     if constexpr (W == 2) {
         arow[1] = s.m[1].a + p.m0 * s.m[1].nb1;
         nb1[1] = s.m[1].nb1;
@@ -159,8 +259,18 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
         float scale = 1.0f;
         if constexpr (NORM) scale = 1.0f / sqrtf(sq / (float)s.K + eps);  // as kernels/norm.cu
         float y = v[0] * scale;
+        const i64 m = r0 + rr * dr;
+        if constexpr (EPI) {  // the pair partner's sum, in the same order as its own thread's
+            float o = 0.0f;
+            for (int i = 0; i < warps; ++i) o += part[rr ^ 1][i];
+            o *= scale;
+            const bool second = rr & 1;
+            sib_epilogue(*epi, p.member, p.out ? p.out + m * (i64)sizeof(float) : nullptr, m, y, second ? o : y,
+                         second ? y : o, second);
+            return;
+        }
         if constexpr (ACT != SIB_NONE) y = sib_act<ACT>(y) * (v[W - 1] * scale);
-        *(float*)(p.out + (p.m0 + rr) * (i64)sizeof(float)) = y;
+        if (p.out) *(float*)(p.out + m * (i64)sizeof(float)) = y;
     }
 }
 
@@ -172,7 +282,19 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
         sib_impl<TA, NORM, ACT>(s, x, nw, eps);                                                          \
     }
 
+// With the epilogue (no activation): see EPI above.
+#define GG_SIB_EPI(TA, SA, NORM, NAME)                                                                    \
+    extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
+        mul_mat_sib##NAME##_epi_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre,   \
+                                           SibEpi epi) {                                                  \
+        sib_l2_prefetch<TA, SIB_NONE, true>(s, pre, &epi);                                               \
+        gg_grid_sync();                                                                                  \
+        sib_impl<TA, NORM, SIB_NONE, true>(s, x, nw, eps, &epi);                                         \
+    }
+
 #define GG_SIB_ALL(TA, SA)                          \
+    GG_SIB_EPI(TA, SA, false, )                     \
+    GG_SIB_EPI(TA, SA, true, _norm)                 \
     GG_SIB(TA, SA, false, SIB_NONE, )               \
     GG_SIB(TA, SA, true, SIB_NONE, _norm)           \
     GG_SIB(TA, SA, false, SIB_SILU, _silu)          \
