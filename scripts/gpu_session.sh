@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A session's GPU work in two calls on one warm machine (the second within 30 s of the first), logs
+# A session's GPU work in three calls on one warm machine (each within 30 s of the one before), logs
 # to $OUT:
 #   bash scripts/gpu_session.sh tests   start llama.cpp's build in the background (needs .anchors/
 #                                       carried: the anchors kit), then every cuda and compile_all
-#                                       test, the layer split on two logical devices, the HF parity
-#                                       tests (transformers), memcheck on the newest suites and the
-#                                       fuzzer (GG_FUZZ_EXAMPLES, default 1500; FUZZ_TIMEOUT)
+#                                       test, the layer split on two logical devices and the HF
+#                                       parity tests (transformers)
+#   bash scripts/gpu_session.sh checks  memcheck on the newest suites, the fuzzer (GG_FUZZ_EXAMPLES,
+#                                       default 1500; FUZZ_TIMEOUT)
 #   bash scripts/gpu_session.sh bench   bench_forms, bench_split, bench_quant, then (once the build is
 #                                       done) the SmolLM2-dims twins benched by gg and llama.cpp
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
@@ -25,9 +26,11 @@ tests)
             nice cmake --build /tmp/lcpp/build -j8 --target llama-bench llama-quantize > /tmp/lcpp_build.log 2>&1; \
             echo done > /tmp/lcpp_done" < /dev/null > /dev/null 2>&1 &
     fi
-    python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider tests/ 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
-    GG_CUDA_DEVICES=0,0 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -3 | tee "$OUT/pytest_devices.log"
-    python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
+    timeout 420 python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider tests/ 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
+    GG_CUDA_DEVICES=0,0 timeout 60 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -3 | tee "$OUT/pytest_devices.log"
+    timeout 90 python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
+    ;;
+checks)
     if [ -z "${NO_SAN:-}" ]; then
         timeout 300 "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
             python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_siblings.py tests/test_elide.py tests/test_forms.py \
@@ -53,5 +56,5 @@ bench)
             $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
     fi
     ;;
-*) echo "usage: gpu_session.sh tests|bench"; exit 2 ;;
+*) echo "usage: gpu_session.sh tests|checks|bench"; exit 2 ;;
 esac
