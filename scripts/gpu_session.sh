@@ -5,8 +5,9 @@
 #                                       carried: the anchors kit), then every cuda and compile_all
 #                                       test, the layer split on two logical devices and the HF
 #                                       parity tests (transformers)
-#   bash scripts/gpu_session.sh checks  memcheck on the newest suites, the fuzzer (GG_FUZZ_EXAMPLES,
-#                                       default 1500; FUZZ_TIMEOUT)
+#   bash scripts/gpu_session.sh checks  RERUN="tests..." reruns cuda tests, memcheck on the newest
+#                                       suites (SAN_TESTS), the fuzzer (GG_FUZZ_EXAMPLES, default 1000;
+#                                       FUZZ_TIMEOUT)
 #   bash scripts/gpu_session.sh bench   bench_forms, bench_split, bench_quant, then (once the build is
 #                                       done) the SmolLM2-dims twins benched by gg and llama.cpp
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
@@ -31,14 +32,15 @@ tests)
     timeout 90 python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
     ;;
 checks)
+    [ -z "${RERUN:-}" ] || timeout 120 python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
     if [ -z "${NO_SAN:-}" ]; then
-        timeout 300 "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
-            python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_siblings.py tests/test_elide.py tests/test_forms.py \
-            tests/test_epilogue.py tests/test_flash.py tests/test_matvec_add.py tests/test_devices.py > "$OUT/memcheck_pytest.log" 2>&1
+        GG_CUDA_DEVICES=0,0 timeout ${SAN_TIMEOUT:-240} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
+            python3 -m pytest -m cuda -q -p no:cacheprovider ${SAN_TESTS:-tests/test_siblings.py tests/test_sibling_epilogue.py \
+            tests/test_elide.py tests/test_epilogue.py tests/test_devices.py} > "$OUT/memcheck_pytest.log" 2>&1
         echo "memcheck exit $? (0: clean)"; tail -2 "$OUT/memcheck_pytest.log"
     fi
     if [ -z "${NO_FUZZ:-}" ]; then
-        GG_FUZZ_PROGRESS=1 GG_FUZZ_EXAMPLES=${GG_FUZZ_EXAMPLES:-1500} timeout ${FUZZ_TIMEOUT:-300} python3 -m pytest -m cuda -q -s \
+        GG_FUZZ_PROGRESS=1 GG_FUZZ_EXAMPLES=${GG_FUZZ_EXAMPLES:-1000} timeout ${FUZZ_TIMEOUT:-200} python3 -m pytest -m cuda -q -s \
             -p no:cacheprovider tests/test_fuzz.py -k cuda > "$OUT/fuzz_cuda.log" 2>&1; echo "fuzz exit $?"; tail -3 "$OUT/fuzz_cuda.log"
     fi
     cp /tmp/lcpp_cmake.log /tmp/lcpp_build.log "$OUT/" 2>/dev/null; tail -2 /tmp/lcpp_build.log 2>/dev/null
