@@ -17,21 +17,25 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gg-session}; mkdir -p "$OUT"
 B=/tmp/lcpp/build/bin; W=/tmp/anchor_work
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-case "${1:-}" in
-tests)
+build_llamacpp() {  # in the background: llama-bench and llama-quantize (~4.5 min on 16 cores)
     if [ -z "${NO_LCPP:-}" ] && [ ! -x $B/llama-bench ] && [ -f .anchors/llama.cpp.tgz ]; then
         mkdir -p /tmp/lcpp && tar xzf .anchors/llama.cpp.tgz -C /tmp/lcpp
         setsid bash -c "cmake -S /tmp/lcpp -B /tmp/lcpp/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
             -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lcpp_cmake.log 2>&1 && \
-            nice cmake --build /tmp/lcpp/build -j8 --target llama-bench llama-quantize > /tmp/lcpp_build.log 2>&1; \
+            nice cmake --build /tmp/lcpp/build -j14 --target llama-bench llama-quantize > /tmp/lcpp_build.log 2>&1; \
             echo done > /tmp/lcpp_done" < /dev/null > /dev/null 2>&1 &
     fi
+}
+case "${1:-}" in
+tests)
+    build_llamacpp
     timeout 420 python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider tests/ 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
     GG_CUDA_DEVICES=0,0 timeout 60 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -3 | tee "$OUT/pytest_devices.log"
     timeout 90 python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
     ;;
 checks)
+    build_llamacpp
     [ -z "${RERUN:-}" ] || timeout 120 python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
     if [ -z "${NO_SAN:-}" ]; then
         GG_CUDA_DEVICES=0,0 timeout ${SAN_TIMEOUT:-240} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
