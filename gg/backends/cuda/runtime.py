@@ -210,7 +210,10 @@ class DeviceBuffer:
         self.nbytes = int(nbytes)
         self.ptr = 0
         with rt.enter():
-            err, ptr = cu.cuMemAlloc(max(self.nbytes, 1))
+            # whole 16-byte vectors: a kernel's vector copy of a tensor's last row (cp.async with
+            # fewer source bytes than 16, e.g. a Q6_K row of 210 B) then stays inside the allocation
+            # as compute-sanitizer sees it
+            err, ptr = cu.cuMemAlloc(max(-(-self.nbytes // 16) * 16, 16))
         if int(err) == int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
             raise OutOfMemoryError(f"cuda: out of device memory allocating {self.nbytes} bytes on {rt.name}",
                                    self.nbytes)
