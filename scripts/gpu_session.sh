@@ -8,8 +8,10 @@
 #   bash scripts/gpu_session.sh checks  RERUN="tests..." reruns cuda tests, memcheck on the newest
 #                                       suites (SAN_TESTS), the fuzzer (GG_FUZZ_EXAMPLES, default 1000;
 #                                       FUZZ_TIMEOUT)
-#   bash scripts/gpu_session.sh bench   bench_forms, bench_split, bench_quant, then (once the build is
-#                                       done) the SmolLM2-dims twins benched by gg and llama.cpp
+#   bash scripts/gpu_session.sh bench   bench_forms, bench_split (two logical devices), memcheck of
+#                                       SAN_TESTS if given
+#   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
+#                                       and llama.cpp side by side
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -50,17 +52,21 @@ checks)
     cp /tmp/lcpp_cmake.log /tmp/lcpp_build.log "$OUT/" 2>/dev/null; tail -2 /tmp/lcpp_build.log 2>/dev/null
     ;;
 bench)
-    timeout 200 python3 bench/bench_forms.py --json "$OUT/forms.json" 2>&1 | tee "$OUT/bench_forms.log" | tail -40
-    GG_CUDA_DEVICES=0,0 timeout 120 python3 bench/bench_split.py --json "$OUT/split.json" 2>&1 | tee "$OUT/bench_split.log"
-    timeout 100 python3 bench/bench_quant.py 2>&1 | tee "$OUT/bench_quant.log" | grep -E "^mul_mat|^gg|roof" | head -30
-    if [ -z "${NO_LCPP:-}" ]; then
-        for _ in $(seq 1 60); do [ -f /tmp/lcpp_done ] && break; sleep 5; done
-        tail -3 /tmp/lcpp_build.log; mkdir -p $W
-        python3 .anchors/gen_gguf.py --dims smol --out $W/smol-F16.gguf --tok .anchors/smol_tok_meta.json > /dev/null
-        for q in Q4_1 Q8_0; do $B/llama-quantize $W/smol-F16.gguf $W/smol-$q.gguf $q 16 > /dev/null 2>&1; done
-        python3 bench/bench_models.py $W/smol-F16.gguf $W/smol-Q8_0.gguf $W/smol-Q4_1.gguf \
-            $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
-    fi
+    build_llamacpp
+    timeout 240 python3 bench/bench_forms.py --json "$OUT/forms.json" 2>&1 | tee "$OUT/bench_forms.log" | tail -40
+    GG_CUDA_DEVICES=0,0 timeout 150 python3 bench/bench_split.py --json "$OUT/split.json" 2>&1 | tee "$OUT/bench_split.log"
+    [ -z "${SAN_TESTS:-}" ] || { timeout 150 "$SAN" --tool memcheck --leak-check no --error-exitcode 99 \
+        --log-file "$OUT/memcheck2.log" python3 -m pytest -m cuda -q -p no:cacheprovider $SAN_TESTS 2>&1 | tail -2;
+        echo "memcheck exit ${PIPESTATUS[0]}"; }
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench"; exit 2 ;;
+models)
+    build_llamacpp
+    for _ in $(seq 1 90); do [ -f /tmp/lcpp_done ] && break; sleep 5; done
+    tail -3 /tmp/lcpp_build.log; mkdir -p $W
+    python3 .anchors/gen_gguf.py --dims smol --out $W/smol-F16.gguf --tok .anchors/smol_tok_meta.json > /dev/null
+    for q in Q4_1 Q8_0; do $B/llama-quantize $W/smol-F16.gguf $W/smol-$q.gguf $q 16 > /dev/null 2>&1; done
+    python3 bench/bench_models.py $W/smol-F16.gguf $W/smol-Q8_0.gguf $W/smol-Q4_1.gguf \
+        $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
+    ;;
+*) echo "usage: gpu_session.sh tests|checks|bench|models"; exit 2 ;;
 esac
