@@ -61,6 +61,7 @@ bench)
     ;;
 models)
     build_llamacpp
+    [ -z "${RERUN:-}" ] || timeout 200 python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
     for _ in $(seq 1 90); do [ -f /tmp/lcpp_done ] && break; sleep 5; done
     tail -3 /tmp/lcpp_build.log; mkdir -p $W
     python3 .anchors/gen_gguf.py --dims smol --out $W/smol-F16.gguf --tok .anchors/smol_tok_meta.json > /dev/null
