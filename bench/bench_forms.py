@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import gg  # noqa: E402
 import forms as F  # noqa: E402
-from common import copy_roof, dump, time_gg, time_torch, torch  # noqa: E402
+from common import copy_roof, dump, time_gg, torch, torch_variants  # noqa: E402
 
 NMSE_LIMIT = 1e-3
 SMOL = F.Dims(n_embd=576, n_head=9, n_head_kv=3, n_ff=1536, n_ctx=256)
@@ -125,27 +125,8 @@ class TorchDecode:
 
 
 def torch_rows(fn, iters: int, compile_: bool) -> dict[str, float]:
-    """eager and CUDA-graph times of fn (+ torch.compile)."""
-    out = {"eager": time_torch(fn, iters)}
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        cg = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cg):
-            fn()
-        out["cuda-graph"] = time_torch(cg.replay, iters)
-    except Exception as e:  # noqa: BLE001 - report, keep going
-        print(f"  (torch CUDA graph failed: {type(e).__name__}: {str(e)[:200]})")
-    if compile_:
-        try:
-            out["compile"] = time_torch(torch.compile(fn), iters)
-        except Exception as e:  # noqa: BLE001
-            print(f"  (torch.compile failed: {type(e).__name__}: {str(e)[:200]})")
-    return out
+    """eager and CUDA-graph times of fn (+ torch.compile), named without the "torch " prefix."""
+    return {k.removeprefix("torch "): v for k, v in torch_variants(fn, iters, compile=compile_).items()}
 
 
 def torch_group(form: F.Form, base: F.Dims, data: tuple, n_past: int, key: tuple, best: float, roof: float,

@@ -98,12 +98,12 @@ def _dst(node: Tensor) -> Tensor | None:
     return node.src[i] if i is not None else None
 
 
-def _read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tensor]]) -> bool:
+def read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tensor]]) -> bool:
     """Some node outside `inside` reads t, directly or through views of it."""
     for r in readers.get(t, []):
         if r in inside:
             continue
-        if not node_info(r).metadata_only or _read_outside(r, inside, readers):
+        if not node_info(r).metadata_only or read_outside(r, inside, readers):
             return True
     return False
 
@@ -174,7 +174,7 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
         group_nodes = tuple(n for g in group for n in g.nodes)
         inside = set(group_nodes)
         exports = tuple(n for n in group_nodes[:-1] if n in outs or node_info(n).writes_view
-                        or _read_outside(n, inside, readers))
+                        or read_outside(n, inside, readers))
         result.append(Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend,
                            exports=exports))
         joined.update(group)

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 from ..backends import base
 from ..ops import node_info
 from ..tensor import Tensor
-from .fuse import fuse_epilogues
+from .fuse import fuse_epilogues, read_outside
 from .step import Step
 
 ACTIVATIONS = ("silu", "gelu")
@@ -109,7 +109,7 @@ def fuse_siblings(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Ten
         tries.append((prods, []))
         group_nodes, extra = next(((ns, ex) for ns, ex in tries if be.supports(_ops(ns), ns)), (prods, []))
         inside = set(group_nodes)
-        exports = tuple(n for n in group_nodes[:-1] if n in prods and (n in keep or _read_outside(n, inside, readers)))
+        exports = tuple(n for n in group_nodes[:-1] if n in prods and (n in keep or read_outside(n, inside, readers)))
         merged = Step(_ops(group_nodes), group_nodes, first.backend, exports=exports)
         taken[first] = merged
         for m in members[1:] + extra:
@@ -154,11 +154,3 @@ def _swiglu(prods: tuple[Tensor, ...], readers: dict[Tensor, list[Tensor]],
     return None
 
 
-def _read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tensor]]) -> bool:
-    """Some node outside `inside` reads t, directly or through views of it."""
-    for r in readers.get(t, []):
-        if r in inside:
-            continue
-        if not node_info(r).metadata_only or _read_outside(r, inside, readers):
-            return True
-    return False
