@@ -37,15 +37,20 @@ class _Transfer:
         self.memory = memory
         self.dst = step.out
         self.src = step.out.src[0]
+        # addresses are fixed once memory is bound: found here, not on every run (decode replays)
+        self.to = memory.locate(self.dst)
         self.direct = getattr(base.get(step.backend), "copy_from", None) if self.src.is_contiguous() else None
+        if self.direct is not None:
+            sbuf, soff = memory.locate(self.src)
+            lo, hi = self.src.extent()
+            self.source = (sbuf, soff + lo, hi - lo)
 
     def run(self) -> None:
-        buf, off = self.memory.locate(self.dst)
+        buf, off = self.to
         if self.direct is not None:
-            sbuf, soff = self.memory.locate(self.src)
-            lo, hi = self.src.extent()
-            if self.direct(buf, off, sbuf, soff + lo, hi - lo):
+            if self.direct(buf, off, *self.source):
                 return
+            self.direct = None  # not device memory on both sides: through the host from now on
         buf.write(off, self.memory.read(self.src))
 
     def timed_run(self) -> list[float]:
