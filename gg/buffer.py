@@ -23,6 +23,29 @@ class Buffer(Protocol):
         """Store `data`'s bytes at `offset`."""
 
 
+class Pending(Protocol):
+    """Bytes requested by `read_async`: `result()` waits for them (once) and returns them."""
+
+    def result(self) -> np.ndarray: ...
+
+
+class Ready:
+    """A read that completed when it was requested (host memory, or a synchronous fallback)."""
+
+    def __init__(self, data: np.ndarray):
+        self.data = data
+
+    def result(self) -> np.ndarray:
+        return self.data
+
+
+def read_async(buf: Buffer, offset: int, nbytes: int) -> Pending:
+    """`buf.read` without waiting where the buffer can (device memory: copied behind the work
+    enqueued so far); any other buffer reads now."""
+    reader = getattr(buf, "read_async", None)
+    return reader(offset, nbytes) if reader is not None else Ready(buf.read(offset, nbytes))
+
+
 class HostBuffer:
     """Host memory: a flat uint8 numpy array (also the CPU backend's arena)."""
 

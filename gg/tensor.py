@@ -247,7 +247,19 @@ class Tensor:
         the block-quantized types are decoded to float32."""
         buf, off = self._storage()
         lo, hi = self.extent()
-        raw = buf.read(off + lo, hi - lo)
+        return self._decode_raw(buf.read(off + lo, hi - lo), lo)
+
+    def numpy_async(self) -> "PendingArray":
+        """What `numpy()` would return now, without waiting for the device: the copy is enqueued
+        behind the computes enqueued so far (`compute(sync=False)`), and `.result()` waits for it
+        and returns the array (raising as `gg.synchronize` would if a kernel reported an error).
+        A decode loop reads step n's token while step n + 1 already runs."""
+        from .buffer import read_async
+        buf, off = self._storage()
+        lo, hi = self.extent()
+        return PendingArray(self, lo, read_async(buf, off + lo, hi - lo))
+
+    def _decode_raw(self, raw: np.ndarray, lo: int) -> np.ndarray:
         arr = self._raw_view(raw, lo)
         if self.dtype.is_quantized:
             return decode(arr, self.dtype).reshape(self.shape)
@@ -401,3 +413,17 @@ def decode(stored: np.ndarray, dtype: DType) -> np.ndarray:
     from . import quant
     rows = np.ascontiguousarray(stored).reshape(stored.shape[:-2] + (-1,))
     return quant.dequantize(rows, dtype)
+
+
+class PendingArray:
+    """`Tensor.numpy_async()`'s handle: `result()` waits once for the copy and returns the array."""
+
+    def __init__(self, t: Tensor, lo: int, pending: Any):
+        self._t, self._lo, self._pending = t, lo, pending
+        self._value: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        if self._value is None:
+            self._value = self._t._decode_raw(self._pending.result(), self._lo)
+            self._pending = None
+        return self._value

@@ -35,7 +35,8 @@ def test_argmax_cpu(n, rows, rng):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("n,rows", [(1, 1), (5, 3), (33, 7), (1025, 4), (49152, 2), (128256, 1)])
+@pytest.mark.parametrize("n,rows", [(1, 1), (5, 3), (33, 7), (4, 3), (36, 5), (1025, 4), (1028, 3), (49152, 2),
+                                    (128256, 1)])
 def test_argmax_cuda(n, rows, dtype, rng):
     _check(("cuda",), rng, n, rows, dtype)
 
@@ -48,3 +49,10 @@ def test_argmax_cuda_of_a_transposed_view(rng):
     assert g.plan.steps[0].kernel == "argmax_f32"
     g.compute()
     assert np.array_equal(y.numpy().reshape(-1), np.argmax(a, axis=-1))
+
+
+@pytest.mark.parametrize("n,want", [(49152, "argmax_vec_f32"), (1028, "argmax_vec_f32"), (1025, "argmax_f32")])
+def test_argmax_cuda_plan_takes_the_vector_build_on_aligned_rows(n, want):
+    y = gg.argmax(gg.tensor(np.ones((2, n), np.float32)))
+    g = gg.build_forward(y, backends=("cuda", "cpu"))
+    assert g.plan.steps[0].kernel == want

@@ -149,6 +149,11 @@ def _no_epilogues(monkeypatch) -> None:
     (gg.F32, gg.F32, gg.F16, 32, 1032, NEOX, 777, 2, True),  # NEOX over half a head, q after 2 rows
     (gg.BF16, gg.BF16, gg.F32, 48, 4104, NEOX, 4095, 0, False),
     (gg.F16, gg.F32, gg.F16, 6, 2056, NEOX, 1, 6, True),     # n_dims / 2 odd: pairs (0, 3) (1, 4) (2, 5)
+    # short rows: the narrow builds (SmolLM2's 576: 64 threads; 264: 32; F32 576: 128)
+    (gg.F16, gg.F16, gg.F16, 64, 576, 0, 100, 0, False),
+    (gg.F16, gg.F16, gg.F16, 64, 576, NEOX, 100, 0, False),
+    (gg.F32, gg.F32, gg.BF16, 32, 576, NEOX, 5, 2, True),
+    (gg.BF16, gg.F16, gg.F16, 64, 264, 0, 3, 0, False),
 ])
 def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first):
     ctx = gg.Context()

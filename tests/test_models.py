@@ -135,7 +135,37 @@ def test_greedy_decode_uses_argmax_op(tmp_path, rng):
     path, _, _ = make_model(tmp_path, rng)
     m = load(path, backends=("cpu",), n_ctx=32)
     ops = [op for s in m.plan.steps for op in s.ops]
-    assert ops[-1] == "argmax" and "get_rows" in ops
+    assert ops[-2:] == ["argmax", "cpy"] and "get_rows" in ops  # the token id fed back into the input
+    fb = m.plan.steps[-1].out
+    assert fb.root is m._decoder("argmax").inputs.tokens
+
+
+@pytest.mark.parametrize("backends", [("cpu",), pytest.param(("cuda", "cpu"), marks=pytest.mark.cuda)])
+def test_pipelined_greedy_decode_equals_one_step_at_a_time(tmp_path, rng, backends):
+    """decode_greedy enqueues steps that read the token the step before wrote on the device; the
+    tokens (and the cache) are those of running each step with the previous token passed in."""
+    path, _, _ = make_model(tmp_path, rng)
+    m = load(path, backends=backends, n_ctx=32)
+    ids = m.tokenize("the cat sat")
+    want = list(m.generate_ids(ids, max_tokens=9))
+    m.cache.clear()
+    first = int(m._prefill(np.asarray(ids, np.int32), "last", "argmax")[-1].reshape(-1)[0])
+    dec = m._decoder("logits")
+    got, tok = [first], first
+    for _ in range(8):
+        tok = int(np.argmax(dec.run([tok], m.cache.n_past).reshape(-1)))
+        m.cache.n_past += 1
+        got.append(tok)
+    assert got == want
+    # the end of the context stops it; stopping early leaves n_past at the tokens taken
+    m.cache.clear()
+    m._prefill(np.asarray(ids, np.int32), "last", "argmax")
+    assert len(list(m.decode_greedy(first, 100))) == 32 - len(ids)
+    m.cache.clear()
+    m._prefill(np.asarray(ids, np.int32), "last", "argmax")
+    it = m.decode_greedy(first, 10)
+    next(it), next(it)
+    assert m.cache.n_past == len(ids) + 2
 
 
 def test_generate_text_and_seed(tmp_path, rng):

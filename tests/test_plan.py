@@ -401,15 +401,18 @@ def _norm_then_matvec(rng, n=4096, rows=300, tokens=1, wdt=np.float16, consumers
     return outs
 
 
-def test_rms_norm_fuses_into_the_decode_matvec(rng):
-    """One token: rms_norm * w -> W·h is one wide mat-vec step (plannable without a GPU)."""
-    steps = gg.build_forward(*_norm_then_matvec(rng), backends=("cuda", "cpu")).plan.steps
-    assert [(s.ops, s.kernel) for s in steps] == [(("rms_norm", "mul", "mul_mat"), "mul_mat_vecw_norm_f16_f32")]
+@pytest.mark.parametrize("n,kernel", [(4096, "mul_mat_vecw_norm_f16_f32"), (1024, "mul_mat_vecw128_norm_f16_f32"),
+                                      (576, "mul_mat_vecw64_norm_f16_f32"), (256, "mul_mat_vecw32_norm_f16_f32")])
+def test_rms_norm_fuses_into_the_decode_matvec(rng, n, kernel):
+    """One token: rms_norm * w -> W·h is one mat-vec step (plannable without a GPU); short rows
+    (SmolLM2's 576) take a narrower block, each thread still with a 16-byte load."""
+    steps = gg.build_forward(*_norm_then_matvec(rng, n=n), backends=("cuda", "cpu")).plan.steps
+    assert [(s.ops, s.kernel) for s in steps] == [(("rms_norm", "mul", "mul_mat"), kernel)]
 
 
 @pytest.mark.parametrize("case", ["two tokens", "two products", "short rows", "odd rows"])
 def test_rms_norm_stays_apart_from_other_matvecs(rng, case):
-    kw = {"two tokens": dict(tokens=2), "two products": dict(consumers=2), "short rows": dict(n=1024),
+    kw = {"two tokens": dict(tokens=2), "two products": dict(consumers=2), "short rows": dict(n=128),
           "odd rows": dict(n=4100)}[case]
     steps = gg.build_forward(*_norm_then_matvec(rng, **kw), backends=("cuda", "cpu")).plan.steps
     assert ("rms_norm", "mul", "mul_mat") not in [s.ops for s in steps]

@@ -165,8 +165,11 @@ class Inputs:
                       else gl.Batch.fixed(cfg, ctx, n_tokens, n_past))
         self.tables = None if uses_plain_block(hp) else RopeTables(hp, ctx, n_tokens)
 
-    def bind(self, ids: np.ndarray, n_past: int) -> None:
-        self.tokens.set(np.asarray(ids, np.int32))
+    def bind(self, ids: np.ndarray | None, n_past: int) -> None:
+        """The inputs of tokens `ids` at n_past (ids None: the tokens are already in place, written
+        by the previous decode step's feedback)."""
+        if ids is not None:
+            self.tokens.set(np.asarray(ids, np.int32))
         self.batch.bind(n_past)
         if self.tables is not None:
             self.tables.bind(n_past)
@@ -204,28 +207,43 @@ def block(gf: Graph, hp: HParams, cfg: gl.Config, w: gl.LayerWeights, bias: Tens
 
 @dataclass
 class Forward:
-    """One built graph: bind inputs, compute, read its single output."""
+    """One built graph: bind inputs, compute, read its single output. A greedy decode graph built
+    with `feedback` also writes its argmax into its own token input, so the next step can be
+    enqueued before this one's token is read back (`launch`)."""
 
     graph: Graph
     inputs: Inputs
     out: Tensor
     n_tokens: int
     want: str
+    feedback: bool = False
 
     def run(self, ids: Sequence[int], n_past: int) -> np.ndarray:
         self.inputs.bind(np.asarray(ids, np.int32), n_past)
         self.graph.compute()
         return self.out.numpy()
 
+    def launch(self, ids: Sequence[int] | None, n_past: int):
+        """Enqueue one run (ids None: the tokens the previous run fed back) without waiting;
+        returns the pending output (`.result()`)."""
+        if ids is None and not self.feedback:
+            raise GGError("model: this graph does not feed its tokens back; pass the token ids")
+        self.inputs.bind(None if ids is None else np.asarray(ids, np.int32), n_past)
+        self.graph.compute(sync=False)
+        return self.out.numpy_async()
+
 
 def build_forward(hp: HParams, cfg: gl.Config, w: ModelWeights, cache: gl.KVCache, ctx: Context,
                   n_tokens: int, n_past: int | None, head: str = "all", want: str = "logits",
-                  backends: Sequence[str] | None = None) -> Forward:
+                  backends: Sequence[str] | None = None, feedback: bool = False) -> Forward:
     """The whole model over `n_tokens` token ids at `n_past` (None: an indexed graph that serves any
     position). head="all": logits of every token; "last": the last token's only. want="logits" or
-    "argmax" (the I32 id of each row's largest logit)."""
+    "argmax" (the I32 id of each row's largest logit). feedback (one token, argmax): the graph
+    also copies its argmax into its token input, the next step's token."""
     if head not in ("all", "last") or want not in ("logits", "argmax"):
         raise GGError(f"model: head must be 'all' or 'last' and want 'logits' or 'argmax', got {head!r}, {want!r}")
+    if feedback and (n_tokens != 1 or want != "argmax"):
+        raise GGError(f"model: feedback needs a one-token argmax graph, got n_tokens={n_tokens}, want={want!r}")
     inp = Inputs(hp, cfg, ctx, n_tokens, n_past)
     gf = Graph(backends=backends)
     cur = ops.get_rows(w.tok_embd, inp.tokens)                     # (n_embd, T) F32
@@ -243,7 +261,9 @@ def build_forward(hp: HParams, cfg: gl.Config, w: ModelWeights, cache: gl.KVCach
         out = ops.argmax(out)
     out.name = "result_" + want
     gf.build_forward_expand(out)
-    return Forward(gf, inp, out, n_tokens, want)
+    if feedback:  # after the argmax, which reads everything the token input fed: no hazard
+        gf.build_forward_expand(ops.cpy(out, inp.tokens))
+    return Forward(gf, inp, out, n_tokens, want, feedback)
 
 
 __all__ = ["ModelWeights", "load_weights", "gg_config", "build_forward", "Forward", "Inputs", "block",

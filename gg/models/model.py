@@ -1,15 +1,17 @@
 """The public model: `gg.models.load(path)` -> Model (tokenize, detokenize, logits, generate)."""
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .. import llama as gl
+from ..backends import base
 from ..context import Context
 from ..errors import GGError
 from . import chat as chat_mod
@@ -24,6 +26,7 @@ from .sampling import Sampler, SamplerParams
 DEFAULT_N_CTX = 4096   # the cache a model gets unless n_ctx says otherwise (capped at its training length)
 UBATCH = 512           # prefill chunk: longer prompts run as several graphs
 MAX_GRAPHS = 8         # built graphs kept (each holds its plan's memory)
+DECODE_AHEAD = 3       # greedy decode steps enqueued before the oldest one's token is read back
 
 
 @dataclass
@@ -129,7 +132,7 @@ class Model:
         fw = self._decoders.get(want)
         if fw is None:
             fw = build_forward(self.hparams, self.cfg, self.weights, self.cache, self.ctx, 1, None, "last", want,
-                               self.backends)
+                               self.backends, feedback=want == "argmax")
             self._decoders[want] = fw
         return fw
 
@@ -188,15 +191,44 @@ class Model:
         out = self._prefill(a, "last", want)[-1]
         st.t_prompt = time.perf_counter() - t0
         t0 = time.perf_counter()
+        if params.greedy:
+            tokens = self.decode_greedy(int(out.reshape(-1)[0]), max_tokens - 1)
+            for n, tok in enumerate(itertools.chain((int(out.reshape(-1)[0]),), tokens)):
+                st.n_gen, st.t_gen = n + 1, time.perf_counter() - t0
+                yield tok
+            return
         dec = self._decoder(want)
         for n in range(max_tokens):
-            tok = int(out.reshape(-1)[0]) if params.greedy else sampler(out)
+            tok = sampler(out)
             st.n_gen, st.t_gen = n + 1, time.perf_counter() - t0
             yield tok
             if n + 1 == max_tokens or self.cache.n_past >= self.n_ctx:
                 return
             out = dec.run([tok], self.cache.n_past)
             self.cache.n_past += 1
+
+    def decode_greedy(self, token: int, n: int) -> Iterator[int]:
+        """Up to n greedy tokens after `token` (at the cache's n_past; it stops at the end of the
+        context). The decode graph feeds its argmax back into its own token input, so on a GPU
+        DECODE_AHEAD steps are enqueued before the first token is read back: the host's work for a
+        token (inputs, launch, readback) runs while the GPU computes the ones before it. Steps
+        enqueued past where the caller stops only write cache rows past n_past (masked, and
+        overwritten later)."""
+        dec = self._decoder("argmax")
+        ahead = DECODE_AHEAD if any(base.is_cuda(s.backend) for s in dec.graph.plan.steps) else 1
+        start = self.cache.n_past
+        limit = min(n, self.n_ctx - start)
+        pending: deque = deque()
+        launched = 0
+        while True:
+            while len(pending) < ahead and launched < limit:
+                pending.append(dec.launch([token] if launched == 0 else None, start + launched))
+                launched += 1
+            if not pending:
+                return
+            tok = int(pending.popleft().result().reshape(-1)[0])
+            self.cache.n_past += 1
+            yield tok
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, chat: bool = False,

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from ...buffer import Ready
 from ...errors import BackendError, OutOfMemoryError
 from . import compiler
 from .driver import LOCK, check, cu
-from .staging import Staging
+from .staging import Readbacks, Staging
 
 
 class _Release:
@@ -84,6 +85,7 @@ class Runtime:
         (self.context,) = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         self.context_id = int(self.context)  # the same for logical devices of one GPU
         self._staging = None
+        self._readbacks: Readbacks | None = None
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         A = cu.CUdevice_attribute
         (major,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "attr")
@@ -135,6 +137,12 @@ class Runtime:
         if self._staging is None:
             self._staging = Staging(self)
         return self._staging
+
+    def readbacks(self):
+        """The pinned slots of device -> host reads that do not wait (created on first use)."""
+        if self._readbacks is None:
+            self._readbacks = Readbacks(self)
+        return self._readbacks
 
     def side_stream(self) -> Any:
         """A second stream, used only while capturing a CUDA graph (branches.py): its work joins
@@ -228,6 +236,13 @@ class DeviceBuffer:
                 self.rt.synchronize("reading a tensor")
                 check(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, nbytes), "copying device -> host")
         return out
+
+    def read_async(self, offset: int, nbytes: int) -> Any:
+        """`read` without waiting: the copy is enqueued behind the work so far (gg.buffer.Pending)."""
+        self._bounds(offset, nbytes)
+        with self.rt.enter():
+            pending = self.rt.readbacks().request(self.ptr + offset, nbytes) if nbytes else None
+        return pending if pending is not None else Ready(self.read(offset, nbytes))
 
     def write(self, offset: int, data: np.ndarray) -> None:
         data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)

@@ -48,7 +48,15 @@ class MatVec(Kernel):
 
 
 @dataclass(frozen=True)
-class Epilogue(Kernel):
+class NormMatVec(Kernel):
+    """The normalizing mat-vec (rms_norm -> mul -> mul_mat of one row): `threads` per block of
+    MMVW_NORM_ROWS weight rows (norm_threads)."""
+
+    threads: int
+
+
+@dataclass(frozen=True)
+class Epilogue(NormMatVec):
     """The normalizing mat-vec, with (rope, scatters) its epilogue does, decided at plan time:
     rope = (lo, n, head_dim, n_dims, neox) over product rows; a scatter = (roped, lo, n, per, nrows)."""
 
@@ -173,6 +181,24 @@ def wide(a: Tensor, b: Tensor) -> bool:
             and rows_aligned(a) and rows_aligned(b))
 
 
+NORM_THREADS = (MMVW_THREADS, 128, 64, 32)  # the normalizing builds (kernels/mul_mat.cu GG_MM_NORM)
+
+
+def norm_threads(a: Tensor, x: Tensor) -> int:
+    """Threads per block of the normalizing mat-vec W·norm(x): the most (of NORM_THREADS) that
+    each get a 16-byte load of a weight row, so short rows (a 576-element embedding: 72 loads)
+    take a narrower block rather than the unfused steps; 0 when the one-column, 16-byte
+    aligned, K % 8 == 0 form does not hold."""
+    if not (x.ne[1] == 1 and a.ne[0] % 8 == 0 and rows_aligned(a) and rows_aligned(x)):
+        return 0
+    chunks = a.ne[0] // (16 // a.dtype.size)
+    return next((t for t in NORM_THREADS if chunks >= t), 0)
+
+
+def norm_symbol(threads: int, rest: str) -> str:
+    return f"mul_mat_vecw{'' if threads == MMVW_THREADS else threads}_norm{rest}"
+
+
 def threads_per_row(work: int, batch: int) -> int:
     """Threads sharing one mat-vec row: enough that each has about `batch` (at least 2) of the
     row's `work` loads (8-element chunks, or elements), at most a warp, at least 4 (a power of
@@ -258,19 +284,22 @@ def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: T
     return None
 
 
-def _norm_head_ok(nodes: Sequence[Tensor], srcs: Srcs) -> bool:
-    """rms_norm(x) * w -> W·h in one wide mat-vec: h is one F32 row (a decode step's token), w a
-    full F32 row, and W·h takes the wide path. Every block then computes sum(x^2) of the row it
-    reads anyway, so the normalization costs no launch and no pass of its own."""
+def _norm_head_threads(nodes: Sequence[Tensor], srcs: Srcs) -> int:
+    """rms_norm(x) * w -> W·h in one mat-vec: h is one F32 row (a decode step's token), w a full F32
+    row, and W·h a one-column product (norm_threads: its block size, 0 if not). Every block then
+    computes sum(x^2) of the row it reads anyway, so the normalization costs no launch and no pass
+    of its own."""
     rn, mul, mm = nodes[:3]
     x, w = srcs(rn)[0], _other(mul, rn, srcs)  # w * rms_norm(x) alike
     a = srcs(mm)[0]
     if w is None or srcs(mm)[1] is not mul or not _product_ok(mm):
-        return False
+        return 0
     if not (floats(rn, x) and rn.dtype is x.dtype and mul.dtype is rn.dtype):
-        return False
-    return (x.dtype is F32 and x.ne[1:] == (1, 1, 1) and rows_aligned(x) and w.dtype is F32 and w.ne == x.ne
-            and rows_aligned(w) and mm.ne[2:] == (1, 1) and wide(a, x) and path(mm, a, mul) == "vec")
+        return 0
+    if not (x.dtype is F32 and x.ne[1:] == (1, 1, 1) and rows_aligned(x) and w.dtype is F32 and w.ne == x.ne
+            and rows_aligned(w) and mm.ne[2:] == (1, 1) and path(mm, a, mul) == "vec"):
+        return 0
+    return norm_threads(a, x)
 
 
 def _rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
@@ -318,12 +347,13 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
 def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     if len(nodes) == 3 and srcs(nodes[2])[0].dtype.is_quantized:  # no epilogue for quantized weights yet
         return siblings.choose_quant_norm(nodes, srcs)
-    if len(nodes) < 3 or not _norm_head_ok(nodes, srcs):
+    threads = _norm_head_threads(nodes, srcs) if len(nodes) >= 3 else 0
+    if not threads:
         return None
     mm, tail = nodes[2], nodes[3:]
     a = srcs(mm)[0]
     if not tail:
-        return Kernel("mul_mat.cu", f"mul_mat_vecw_norm_{a.dtype.name}_f32")
+        return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_{a.dtype.name}_f32"), threads)
     ropes = [n for n in tail if n.op == "rope"]
     scatters = [n for n in tail if n.op == "set_rows"]
     if (len(ropes) > 1 or len(scatters) > MV_SCATTERS or len(ropes) + len(scatters) != len(tail)
@@ -336,7 +366,7 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     found = [_epi_scatter(mm, rope, epi_rope[0] if epi_rope else 0, s, srcs) for s in scatters]
     if any(f is None for f in found):
         return None
-    return Epilogue("mul_mat.cu", f"mul_mat_vecw_norm_epi_{a.dtype.name}_f32", epi_rope, tuple(found),  # type: ignore[arg-type]
+    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, epi_rope, tuple(found),  # type: ignore[arg-type]
                     table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
 
 
@@ -397,16 +427,16 @@ def _lower_quant_gemm(rt, step, k: QuantGemm, out: Tensor, a: Tensor, b: Tensor,
     return [dequant, Launch(rt, "mul_mat.cu", k.gemm, grid, (256, 1, 1), args, what=what)]
 
 
-def _lower_norm(rt, step, k: Kernel, what: str) -> Launch:
+def _lower_norm(rt, step, k: NormMatVec, what: str) -> Launch:
     rn, mul, mm, *tail = step.nodes
     (x,), w, (a, _) = step.srcs(rn), _other(mul, rn, step.srcs), step.srcs(mm)
-    assert w is not None  # as _norm_head_ok found it
+    assert w is not None  # as _norm_head_threads found it
     # The product's own memory: written where a later step reads it (always without an epilogue).
     raw = addr(mm) if not tail or mm in step.exports else 0
     args = Args().ptr(raw).desc(mm.ne, mm.nb).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
     grid = (-(-mm.ne[0] // MMVW_NORM_ROWS), 1, 1)
     if not isinstance(k, Epilogue):
-        return Launch(rt, k.file, k.symbol, grid, (MMVW_THREADS, 1, 1), args, what=what)
+        return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args, what=what)
     rope = next((n for n in tail if n.op == "rope"), None)
     if rope is not None:
         lo, n, hd, n_dims, neox = k.rope  # type: ignore[misc]
@@ -419,13 +449,14 @@ def _lower_norm(rt, step, k: Kernel, what: str) -> Launch:
     for s, (roped, lo, n, per, nrows) in zip(scatters, k.scatters):
         words += [addr(s), addr(step.srcs(s)[2]), lo, n, per, roped, code(s), nrows, s.nb[0], s.nb[1]]
     words += [0] * 10 * (MV_SCATTERS - len(scatters))
-    return Launch(rt, k.file, k.symbol, grid, (MMVW_THREADS, 1, 1), args.words(*words), what=what)
+    return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args.words(*words), what=what)
 
 
 def variants() -> list[Variant]:
     v = [Variant("mul_mat.cu", f"mul_mat_{kind}_{a}_{b}")
          for kind, a, b in product(("vec1", "vec", "vecw", "tiled"), FLOAT_NAMES, FLOAT_NAMES)]
     for a in FLOAT_NAMES:
-        v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_{a}_f32"))
-        v.append(Variant("mul_mat.cu", f"mul_mat_vecw_norm_epi_{a}_f32"))
+        for t in NORM_THREADS:
+            v.append(Variant("mul_mat.cu", norm_symbol(t, f"_{a}_f32")))
+            v.append(Variant("mul_mat.cu", norm_symbol(t, f"_epi_{a}_f32")))
     return v

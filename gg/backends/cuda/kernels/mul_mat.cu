@@ -190,13 +190,15 @@ __device__ __forceinline__ void mv_epilogue(const MvEpi& e, const MvPre& pre, ch
     }
 }
 
-template <class TA, class TB, bool NORM, int ROWS, bool EPI = false>
+// THREADS: the block (MMVW_THREADS, or fewer for the normalizing builds of short rows such as a
+// 576-element embedding, where 256 threads would mostly idle: every thread keeps at least one load).
+template <class TA, class TB, bool NORM, int ROWS, bool EPI = false, int THREADS = MMVW_THREADS>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
                                           float eps = 0.0f, const MvEpi* epi = nullptr) {
     static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the pair of the block's two rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
-    __shared__ float part[ROWS + NORM][MMVW_THREADS / 32];
+    __shared__ float part[ROWS + NORM][THREADS / 32];
     const i64 m0 = (i64)blockIdx.x * ROWS;
     const int nrows = ROWS == 1 ? 1 : (int)min((i64)ROWS, d.ne[0] - m0);
     i64 r0 = m0, dr = 1;  // block row rr is product row r0 + rr * dr
@@ -217,18 +219,18 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     float acc[ROWS], ss = 0.0f;
 #pragma unroll
     for (int rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0f;
-    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * MMVW_THREADS) {
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * THREADS) {
         V16 av[ROWS][MMVW_BATCH];
 #pragma unroll
         for (int rr = 0; rr < ROWS; ++rr)
 #pragma unroll
             for (int u = 0; u < MMVW_BATCH; ++u) {
-                const int c = c0 + u * MMVW_THREADS;
+                const int c = c0 + u * THREADS;
                 if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * rstep + (i64)c * 16);
             }
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
-            const int c = c0 + u * MMVW_THREADS;
+            const int c = c0 + u * THREADS;
             if (c < chunks) {
                 float x[G];
                 if (G == 8) ld8<TB>(brow + (i64)c * 8 * (i64)sizeof(TB), x);
@@ -275,7 +277,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         const i64 m = r0 + rr * dr;
         float v = 0.0f, sq = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MMVW_THREADS / 32; ++i) {
+        for (int i = 0; i < THREADS / 32; ++i) {
             v += part[rr][i];
             if constexpr (NORM) sq += part[ROWS][i];
         }
@@ -285,7 +287,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         if constexpr (EPI) {  // the pair partner's sum, in the same order as its own thread's
             float w = 0.0f;
 #pragma unroll
-            for (int i = 0; i < MMVW_THREADS / 32; ++i) w += part[rr ^ 1][i];
+            for (int i = 0; i < THREADS / 32; ++i) w += part[rr ^ 1][i];
             w *= scale;
             const bool odd = rr & 1;
             mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, odd ? w : v, odd ? v : w, odd);
@@ -383,20 +385,26 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mm_impl<TA, TB>(dst, d, a, ad, b, bd);                                                            \
     }
 
-// W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM.
-#define GG_MM_NORM(TA, SA)                                                                                \
-    extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
-        mul_mat_vecw_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, \
-                                     const char* nw, float eps) {                                         \
+// W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM. NAME is
+// mul_mat_vecw (MMVW_THREADS threads) or mul_mat_vecw<T> (T threads, short rows).
+#define GG_MM_NORM_T(TA, SA, NAME, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(T)                                                       \
+        NAME##_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,      \
+                               const char* nw, float eps) {                                               \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, MMVW_NORM_ROWS>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);             \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);   \
     }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
-        mul_mat_vecw_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x,      \
-                                         TDesc xd, const char* nw, float eps, MvEpi epi) {                \
+    extern "C" __global__ void __launch_bounds__(T)                                                       \
+        NAME##_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,  \
+                                   const char* nw, float eps, MvEpi epi) {                                \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi); \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi); \
     }
+#define GG_MM_NORM(TA, SA)                                                                                \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw, MMVW_THREADS)                                                      \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw128, 128)                                                            \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw64, 64)                                                              \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw32, 32)
 
 #define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16) GG_MM_NORM(TA, SA)
 GG_MM_B(float, f32)

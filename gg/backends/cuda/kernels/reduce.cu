@@ -10,7 +10,11 @@ __device__ __forceinline__ bool am_better(float av, long long ai, float bv, long
     return bv > av || (bv == av && bi < ai);
 }
 
-template <class T>
+// VEC (rows_aligned, ne0 % 4 == 0): each thread loads AM_UNROLL runs of 4 elements before comparing
+// any, so a vocabulary row is a few rounds of loads in flight rather than ne0 / blockDim dependent
+// loads (49152 logits, one block of 1024 threads on an H100: 15.8 us -> see docs/performance.md).
+#define AM_UNROLL 4
+template <class T, bool VEC>
 __device__ __forceinline__ void argmax_impl(char* dst, const TDesc& d, const char* x, const TDesc& xd) {
     __shared__ float sv[32];
     __shared__ long long si[32];
@@ -19,9 +23,28 @@ __device__ __forceinline__ void argmax_impl(char* dst, const TDesc& d, const cha
     const char* row = x + row_offs(xd, i1, i2, i3);
     float bv = -__int_as_float(0x7f800000);
     long long bi = -1;
-    for (i64 i = threadIdx.x; i < xd.ne[0]; i += blockDim.x) {
-        const float v = ld<T>(row + i * xd.nb[0]);
-        if (bi < 0 || am_better(bv, bi, v, i)) { bv = v; bi = i; }
+    if constexpr (VEC) {
+        const int runs = (int)(xd.ne[0] / 4), step = (int)blockDim.x * AM_UNROLL;
+        for (int r0 = threadIdx.x; r0 < runs; r0 += step) {
+            float v[AM_UNROLL][4];
+#pragma unroll
+            for (int u = 0; u < AM_UNROLL; ++u) {
+                const int r = r0 + u * (int)blockDim.x;
+                if (r < runs) ldg<T, 4>(row + (i64)r * 4 * (i64)sizeof(T), v[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < AM_UNROLL; ++u) {
+                const int r = r0 + u * (int)blockDim.x;
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (r < runs && (bi < 0 || am_better(bv, bi, v[u][e], 4LL * r + e))) { bv = v[u][e]; bi = 4LL * r + e; }
+            }
+        }
+    } else {
+        for (i64 i = threadIdx.x; i < xd.ne[0]; i += blockDim.x) {
+            const float v = ld<T>(row + i * xd.nb[0]);
+            if (bi < 0 || am_better(bv, bi, v, i)) { bv = v; bi = i; }
+        }
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -47,7 +70,11 @@ __device__ __forceinline__ void argmax_impl(char* dst, const TDesc& d, const cha
 #define GG_ARGMAX(T, S)                                                                            \
     extern "C" __global__ void argmax_##S(char* dst, TDesc d, const char* x, TDesc xd) {           \
         gg_grid_sync();                                                                           \
-        argmax_impl<T>(dst, d, x, xd);                                                             \
+        argmax_impl<T, false>(dst, d, x, xd);                                                      \
+    }                                                                                             \
+    extern "C" __global__ void argmax_vec_##S(char* dst, TDesc d, const char* x, TDesc xd) {       \
+        gg_grid_sync();                                                                           \
+        argmax_impl<T, true>(dst, d, x, xd);                                                       \
     }
 GG_ARGMAX(float, f32)
 GG_ARGMAX(f16, f16)

@@ -1,0 +1,66 @@
+"""What each step of a model's decode graph costs inside the replayed CUDA graph (a profiling aid,
+like step_costs.py but for `gg.load`ed models): the whole plan replayed, then for the steps of one
+layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with that step run twice:
+its cost on the critical path, boundaries included; timing only, results are nonsense).
+
+    PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import gg  # noqa: E402
+from gg.backends.cuda import runtime  # noqa: E402
+from step_costs import replay_us  # noqa: E402
+
+
+def layer_range(steps, layer: int) -> range:
+    """Steps of layer `layer`: from the (layer+1)-th step that starts with the attention norm
+    (rms_norm first) to the next one."""
+    starts = [i for i, s in enumerate(steps) if s.ops[0] == "rms_norm"]
+    per = len(starts) // max(1, len([s for s in steps if "soft_max" in s.ops]))  # norm steps per layer
+    first = starts[layer * per]
+    nxt = starts[(layer + 1) * per] if (layer + 1) * per < len(starts) else len(steps) - 3
+    return range(first, nxt)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--layer", type=int, default=1)
+    ap.add_argument("--n-past", type=int, default=100)
+    a = ap.parse_args()
+    m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
+    dec = m._decoder("argmax")
+    dec.run([1], a.n_past)
+    rt = runtime.get()
+    steps = list(dec.graph.plan.steps)
+    mem = dec.graph._executor.memory
+    full = replay_us(rt, steps, mem, iters=50)
+    print(f"{m.name}: {len(steps)} steps, whole plan replayed {full:.1f} us ({1e6 / full:.0f} tokens/s "
+          f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")
+    print(f"{'#':>3}  {'ops':48} {'kernel':40} {'alone us':>9} {'+1 copy us':>11}")
+    total_dup = 0.0
+    for i in layer_range(steps, a.layer):
+        s = steps[i]
+        alone = replay_us(rt, [s] * 4, mem, iters=100) / 4
+        dup = replay_us(rt, steps[:i + 1] + [s] + steps[i + 1:], mem, iters=50) - full
+        total_dup += dup
+        print(f"{i:>3}  {'+'.join(s.ops):48} {str(s.kernel)[:40]:40} {alone:9.2f} {dup:11.2f}")
+    print(f"sum of +1 copy over the layer: {total_dup:.1f} us")
+    for i in (0, len(steps) - 3, len(steps) - 2, len(steps) - 1):
+        s = steps[i]
+        alone = replay_us(rt, [s] * 4, mem, iters=100) / 4
+        print(f"{i:>3}  {'+'.join(s.ops):48} {str(s.kernel)[:40]:40} {alone:9.2f}")
+    np.set_printoptions(precision=2)
+
+
+if __name__ == "__main__":
+    main()
