@@ -12,6 +12,7 @@
 #                                       SAN_TESTS if given
 #   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
 #                                       and llama.cpp side by side
+#   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=)
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -59,6 +60,16 @@ bench)
         --log-file "$OUT/memcheck2.log" python3 -m pytest -m cuda -q -p no:cacheprovider $SAN_TESTS 2>&1 | tail -2;
         echo "memcheck exit ${PIPESTATUS[0]}"; }
     ;;
+models8b)   # the llama-3-8B-dims files (F16, and Q8_0 / Q4_0 by llama-quantize), gg and llama.cpp side by side
+    build_llamacpp
+    mkdir -p $W
+    [ -f $W/8b-F16.gguf ] || python3 .anchors/gen_gguf.py --dims 8b --out $W/8b-F16.gguf --tok .anchors/smol_tok_meta.json | tail -1
+    for _ in $(seq 1 90); do [ -f /tmp/lcpp_done ] && break; sleep 5; done
+    tail -2 /tmp/lcpp_build.log
+    for q in ${QUANTS:-Q8_0 Q4_0}; do [ -f $W/8b-$q.gguf ] || $B/llama-quantize $W/8b-F16.gguf $W/8b-$q.gguf $q 16 > /dev/null 2>&1; done
+    python3 bench/bench_models.py $W/8b-F16.gguf $(for q in ${QUANTS:-Q8_0 Q4_0}; do echo $W/8b-$q.gguf; done) \
+        $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models_8b.log"
+    ;;
 models)
     build_llamacpp
     [ -z "${RERUN:-}" ] || timeout 200 python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
@@ -69,5 +80,5 @@ models)
     python3 bench/bench_models.py $W/smol-F16.gguf $W/smol-Q8_0.gguf $W/smol-Q4_1.gguf \
         $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench|models"; exit 2 ;;
+*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b"; exit 2 ;;
 esac

@@ -49,6 +49,22 @@ def main() -> None:
     dt = time.perf_counter() - t0
     print(f"decode loop: {n / dt:.1f} tokens/s ({dt / n * 1e6:.1f} us/token)")
 
+    # the same tokens through decode_greedy (steps enqueued ahead, token fed back on the device)
+    for _ in range(2):
+        m.cache.clear()
+        t0 = time.perf_counter()
+        got = sum(1 for _ in m.decode_greedy(1, n))
+        dt = time.perf_counter() - t0
+    print(f"decode_greedy (pipelined): {got / dt:.1f} tokens/s ({dt / got * 1e6:.1f} us/token)")
+    m.cache.clear()
+    pr = cProfile.Profile()
+    t0 = time.process_time()
+    pr.enable()
+    got = sum(1 for _ in m.decode_greedy(1, n))
+    pr.disable()
+    print(f"  host CPU time per token in decode_greedy (profiled): {(time.process_time() - t0) / got * 1e6:.1f} us")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(8)
+
     # phases of one run, each timed with the device idle before it
     phases: dict[str, list[float]] = {"bind": [], "compute(sync=False)": [], "synchronize": [], "numpy": [],
                                       "compute(sync=True)+numpy": []}

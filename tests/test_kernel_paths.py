@@ -68,13 +68,14 @@ def test_wide_matvec_normalizes_its_input(rng, launches, k, adt):
     to the reference and to the unfused steps."""
     ctx = gg.Context()
     x, w = ctx.tensor(rand(rng, 1, k) * 3.0), ctx.tensor(rand(rng, k))
-    wm = ctx.tensor(rand(rng, 301, k), dtype=adt)
+    wm = ctx.tensor(rand(rng, 301, k), dtype=adt)  # 301 rows: a last block of 5 (8 per block) or 1 (2)
     y = gg.mul_mat(wm, gg.mul(gg.rms_norm(x, 1e-5), w))
     g = gg.build_forward(y, backends=("cuda",))
     g.compute()
     loads = k // (16 // adt.size)  # 16-byte loads per weight row: the block has at most that many threads
     threads = 256 if loads >= 256 else 128 if loads >= 128 else 64 if loads >= 64 else 32
-    assert launches == [f"mul_mat_vecw{'' if threads == 256 else threads}_norm_{adt.name}_f32"]
+    assert launches == [f"mul_mat_vecw_norm_{adt.name}_f32" if threads == 256
+                        else f"mul_mat_vecw{threads}_norm_rows_{adt.name}_f32"]
     got = y.numpy().copy()
     xs = x.numpy().astype(np.float64)
     h = (ref_rms_norm(xs, 1e-5) * w.numpy()).astype(np.float32)

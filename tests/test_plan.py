@@ -401,11 +401,13 @@ def _norm_then_matvec(rng, n=4096, rows=300, tokens=1, wdt=np.float16, consumers
     return outs
 
 
-@pytest.mark.parametrize("n,kernel", [(4096, "mul_mat_vecw_norm_f16_f32"), (1024, "mul_mat_vecw128_norm_f16_f32"),
-                                      (576, "mul_mat_vecw64_norm_f16_f32"), (256, "mul_mat_vecw32_norm_f16_f32")])
+@pytest.mark.parametrize("n,kernel", [(4096, "mul_mat_vecw_norm_f16_f32"), (1024, "mul_mat_vecw128_norm_rows_f16_f32"),
+                                      (576, "mul_mat_vecw64_norm_rows_f16_f32"),
+                                      (256, "mul_mat_vecw32_norm_rows_f16_f32")])
 def test_rms_norm_fuses_into_the_decode_matvec(rng, n, kernel):
     """One token: rms_norm * w -> W·h is one mat-vec step (plannable without a GPU); short rows
-    (SmolLM2's 576) take a narrower block, each thread still with a 16-byte load."""
+    (SmolLM2's 576) take a narrower block, each thread still with a 16-byte load, and more rows
+    per block."""
     steps = gg.build_forward(*_norm_then_matvec(rng, n=n), backends=("cuda", "cpu")).plan.steps
     assert [(s.ops, s.kernel) for s in steps] == [(("rms_norm", "mul", "mul_mat"), kernel)]
 

@@ -31,10 +31,11 @@ MMV_BLOCK = 128          # threads per mat-vec block
 MMV_BATCH = 4            # 16-byte loads a thread of the one-column build issues before using them
 MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
+MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
-                          "MMVW_NORM_ROWS": MMVW_NORM_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
+                          "MMVW_NORM_ROWS": MMVW_NORM_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
                           "MM_BN": TILE}}
 
 
@@ -49,10 +50,12 @@ class MatVec(Kernel):
 
 @dataclass(frozen=True)
 class NormMatVec(Kernel):
-    """The normalizing mat-vec (rms_norm -> mul -> mul_mat of one row): `threads` per block of
-    MMVW_NORM_ROWS weight rows (norm_threads)."""
+    """The normalizing mat-vec (rms_norm -> mul -> mul_mat of one row): `threads` per block
+    (norm_threads) of `rows` weight rows (MMVW_NORM_ROWS; MMVW_SHORT_ROWS for short rows without
+    an epilogue)."""
 
     threads: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,10 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     mm, tail = nodes[2], nodes[3:]
     a = srcs(mm)[0]
     if not tail:
-        return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_{a.dtype.name}_f32"), threads)
+        if threads < MMVW_THREADS:  # short rows: more of them per block
+            return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_rows_{a.dtype.name}_f32"), threads,
+                              MMVW_SHORT_ROWS)
+        return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS)
     ropes = [n for n in tail if n.op == "rope"]
     scatters = [n for n in tail if n.op == "set_rows"]
     if (len(ropes) > 1 or len(scatters) > MV_SCATTERS or len(ropes) + len(scatters) != len(tail)
@@ -366,7 +372,8 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     found = [_epi_scatter(mm, rope, epi_rope[0] if epi_rope else 0, s, srcs) for s in scatters]
     if any(f is None for f in found):
         return None
-    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, epi_rope, tuple(found),  # type: ignore[arg-type]
+    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS,  # type: ignore[arg-type]
+                    epi_rope, tuple(found),
                     table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
 
 
@@ -434,7 +441,7 @@ def _lower_norm(rt, step, k: NormMatVec, what: str) -> Launch:
     # The product's own memory: written where a later step reads it (always without an epilogue).
     raw = addr(mm) if not tail or mm in step.exports else 0
     args = Args().ptr(raw).desc(mm.ne, mm.nb).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
-    grid = (-(-mm.ne[0] // MMVW_NORM_ROWS), 1, 1)
+    grid = (-(-mm.ne[0] // k.rows), 1, 1)
     if not isinstance(k, Epilogue):
         return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args, what=what)
     rope = next((n for n in tail if n.op == "rope"), None)
@@ -459,4 +466,6 @@ def variants() -> list[Variant]:
         for t in NORM_THREADS:
             v.append(Variant("mul_mat.cu", norm_symbol(t, f"_{a}_f32")))
             v.append(Variant("mul_mat.cu", norm_symbol(t, f"_epi_{a}_f32")))
+            if t < MMVW_THREADS:
+                v.append(Variant("mul_mat.cu", norm_symbol(t, f"_rows_{a}_f32")))
     return v

@@ -13,7 +13,7 @@
 // fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
 // `r` (F32, dst's shape, or null) is added to the result: the fused mul_mat -> add of a residual
 // connection, one launch and one pass over dst less.
-// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_NORM_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
+// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
 // host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
@@ -400,11 +400,23 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         gg_grid_sync();                                                                                   \
         mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi); \
     }
+// Short rows without an epilogue (a small model's output head: 49152 rows of 576): MMVW_SHORT_ROWS
+// weight rows per block, so the x and w loads every block repeats stay well below the weights'.
+#define GG_MM_NORM_SHORT(TA, SA, NAME, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(T)                                                       \
+        NAME##_norm_rows_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, \
+                                    const char* nw, float eps) {                                          \
+        gg_grid_sync();                                                                                   \
+        mmvw_impl<TA, float, true, MMVW_SHORT_ROWS, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);  \
+    }
 #define GG_MM_NORM(TA, SA)                                                                                \
     GG_MM_NORM_T(TA, SA, mul_mat_vecw, MMVW_THREADS)                                                      \
     GG_MM_NORM_T(TA, SA, mul_mat_vecw128, 128)                                                            \
     GG_MM_NORM_T(TA, SA, mul_mat_vecw64, 64)                                                              \
-    GG_MM_NORM_T(TA, SA, mul_mat_vecw32, 32)
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw32, 32)                                                              \
+    GG_MM_NORM_SHORT(TA, SA, mul_mat_vecw128, 128)                                                        \
+    GG_MM_NORM_SHORT(TA, SA, mul_mat_vecw64, 64)                                                          \
+    GG_MM_NORM_SHORT(TA, SA, mul_mat_vecw32, 32)
 
 #define GG_MM_B(TA, SA) GG_MM(TA, SA, float, f32) GG_MM(TA, SA, f16, f16) GG_MM(TA, SA, bf16, bf16) GG_MM_NORM(TA, SA)
 GG_MM_B(float, f32)
