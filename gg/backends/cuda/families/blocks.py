@@ -27,6 +27,12 @@ MV_SLOTS = 8  # at most this many row groups side by side when K / MV_ITEM < MV_
 MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
+# One-column products of these types quantize their activations to int8 in the block and multiply
+# with __dp4a (kernels/quant.cu QX: the *_qx builds), ggml's mmvq arithmetic: the float decode was
+# issue-bound (docs/performance.md). False: every product keeps F32 activations (NMSE <= 1e-6
+# against float64 instead of ggml's 5e-4 for quantized activations).
+QX_TYPES = (Q8_0, Q4_0, Q4_1)
+QUANT_ACTIVATIONS = True
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
@@ -64,4 +70,11 @@ def variants() -> list[Variant]:
         v += [Variant("quant.cu", f"dequant_rows_{t.name}_{o}"), Variant("quant.cu", f"get_rows_{t.name}_{o}")]
     for t in TYPES:
         v += [Variant("quant.cu", f"mul_mat_vec_{t.name}_f32"), Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32")]
+    v += [Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32_qx") for t in QX_TYPES]
     return v
+
+
+def qx(dtype: DType) -> str:
+    """The symbol suffix of the one-column mat-vec build for `dtype`'s weights: "_qx" (int8
+    activations, dp4a) or "" (F32 activations)."""
+    return "_qx" if QUANT_ACTIVATIONS and dtype in QX_TYPES else ""

@@ -278,7 +278,8 @@ def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: T
             return None
     if p == "vec":
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
-        return QuantMatVec("quant.cu", f"mul_mat_vec{'1' if ncols == 1 else ''}_{t}_f32")
+        return QuantMatVec("quant.cu", f"mul_mat_vec1_{t}_f32{blocks.qx(a.dtype)}" if ncols == 1
+                           else f"mul_mat_vec_{t}_f32")
     if p == "gemm":
         # cuBLAS reads b cast to F16 (src_dtype); the tiled kernel reads b as it is
         gemm = "cublas_gemm" if have_cublas() else f"mul_mat_tiled_f16_{b.dtype.name}"

@@ -132,7 +132,7 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         per = blocks.matvec_rows(wdt, K, 1)
-        k = Siblings("quant.cu", "mul_mat_sibq" + name, rows, norm, act, blocks.MV_THREADS,
+        k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
                      per // 2 if act else per, quant=True)
         if norm and sum(k.blocks) * K * F32.size > QUANT_NORM_BYTES_MAX:
             return None
@@ -172,8 +172,9 @@ def lower(rt, step, k: Kernel, what: str) -> list:
 def variants() -> list[Variant]:
     return ([Variant("siblings.cu", f"mul_mat_sib{norm}{act}_{a}_f32")
              for a in FLOAT_NAMES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
-            + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32")
-               for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
+            + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32{qx}")
+               for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")
+               for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES]
             + _epi_variants())
 
 

@@ -340,6 +340,19 @@ struct Dq {
 // the offsets need, decode<AL>(row, i, table of the row, q), apply(acc, q, x, p) -> acc.
 template <class Q> struct MV;
 
+// QX builds (`*_qx`: Q8_0, Q4_0, Q4_1 weights): the activations an item multiplies, quantized to
+// int8 in the block as ggml's q8 activations are (per 32 elements: d = amax / 127, q = round(x / d)),
+// so a weight word meets them in __dp4a: four products and their sum in one instruction, where the
+// float path decodes every weight to a float first (the float path was issue-bound: a 4096 x 4096
+// Q4_0 product took as long as the F16 one with 3.6x the bytes). The integer sums are exact; the
+// activations' rounding (relative ~1/254 per element) is the error ggml's mmvq has.
+struct XQ {
+    int q0, q1;     // the item's 8 activations as int8: elements o1..o1+3, o2..o2+3
+    float d;        // their block's scale
+    float s;        // d * (sum of the 8 q): Q4_0's offset of 8
+    float sum;      // the exact sum of the 8 floats: Q4_1's minimum
+};
+
 template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of block i >> 2, q exact
     static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q8_0, BLOCKS = 5;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
@@ -364,6 +377,12 @@ template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of bloc
         for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
         return fmaf(q.a1, s, acc);
     }
+    template <int AL> static __device__ __forceinline__ float dot_q(const u8* rp, int i, const XQ& x, float acc) {
+        const u8* blk = rp + 34 * (i >> 2);
+        const u8* qs = blk + 2 + 8 * (i & 3);
+        const int si = __dp4a((int)st_u32<AL, false>(qs + 4), x.q1, __dp4a((int)st_u32<AL, false>(qs), x.q0, 0));
+        return fmaf(h2f((u16)st_u16<AL>(blk)) * x.d, (float)si, acc);
+    }
 };
 
 template <> struct MV<QQ4_0> {  // item i: bytes 4m..4m+3 (m = i & 3) of block i >> 2: elements 4m.., 16+4m..
@@ -383,6 +402,12 @@ template <> struct MV<QQ4_0> {  // item i: bytes 4m..4m+3 (m = i & 3) of block i
 #pragma unroll
         for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
         return fmaf(q.a1, s, acc);
+    }
+    template <int AL> static __device__ __forceinline__ float dot_q(const u8* rp, int i, const XQ& x, float acc) {
+        const u8* blk = rp + 18 * (i >> 2);
+        const unsigned w = st_u32<AL, false>(blk + 2 + 4 * (i & 3));  // low nibbles: o1.., high: o2..
+        const int si = __dp4a((int)((w >> 4) & 0x0f0f0f0fu), x.q1, __dp4a((int)(w & 0x0f0f0f0fu), x.q0, 0));
+        return fmaf(h2f((u16)st_u16<AL>(blk)), fmaf(x.d, (float)si, -8.0f * x.s), acc);  // sum (q - 8) x
     }
 };
 
@@ -408,6 +433,12 @@ template <> struct MV<QQ4_1> {  // as Q4_0 in 20-byte blocks: x = d q + m
 #pragma unroll
         for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
         return fmaf(q.b1, p[1], fmaf(q.a1, s, acc));
+    }
+    template <int AL> static __device__ __forceinline__ float dot_q(const u8* rp, int i, const XQ& x, float acc) {
+        const u8* blk = rp + 20 * (i >> 2);
+        const unsigned w = st_u32<AL, true>(blk + 4 + 4 * (i & 3)), dm = st_u32<AL, true>(blk);
+        const int si = __dp4a((int)((w >> 4) & 0x0f0f0f0fu), x.q1, __dp4a((int)(w & 0x0f0f0f0fu), x.q0, 0));
+        return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)si, acc));  // d q + m
     }
 };
 
@@ -538,6 +569,33 @@ __device__ __forceinline__ void mv_load_x(const float* xc, int o1, int o2, bool 
     }
 }
 
+// The item's activations as XQ. Every thread of the block calls it (the 4 items of a 32-element
+// block sit on 4 adjacent lanes and share its amax through two shuffles); dead items pass zeros.
+__device__ __forceinline__ XQ mv_quantize_x(const float* xv) {
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        amax = fmaxf(amax, fabsf(xv[t]));
+        sum += xv[t];
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    XQ x;
+    x.d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int q[8], qs = 0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        q[t] = __float2int_rn(xv[t] * id);
+        qs += q[t];
+    }
+    x.q0 = (int)__byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
+    x.q1 = (int)__byte_perm(__byte_perm(q[4], q[5], 0x0040), __byte_perm(q[6], q[7], 0x0040), 0x5410);
+    x.s = x.d * (float)qs;
+    x.sum = sum;
+    return x;
+}
+
 // What the sibling mat-vec (mul_mat_sibq_*, below) adds to the plain one, for one column:
 // NORM: x is the raw row, y = rms_norm(x) * nw times the weights: every block reads the whole row
 // anyway, so it sums x^2 on the way (slot 0's threads cover each element once) and scales its
@@ -560,7 +618,7 @@ template <int ACT> __device__ __forceinline__ float mv_act(float v) {
 // written: the planner's mul_mat + add of a residual connection, one launch and one pass less.
 // SIB: `blk` is the block's index among the product's blocks (a sibling launch runs several
 // products), else blockIdx.x.
-template <class Q, int R, int NMAX, int AL, bool SIB, bool NORM, int ACT>
+template <class Q, int R, int NMAX, int AL, bool SIB, bool NORM, int ACT, bool QX = false>
 __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                        i64 y_stride, const float* res, i64 res_stride, i64 n_rows, int K, int ncols,
                                        u8* smem, float* tab, float* fin, i64 blk, const MvExtra& e) {
@@ -568,6 +626,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     constexpr int NT = QUANT_MV_THREADS, S = QUANT_MV_STAGES, STAGE = MvGeom<Q>::stage_bytes(R);
     static_assert(ACT == MV_ACT_NONE || (R % 2 == 0 && NMAX == 1), "SwiGLU: gate and up rows in pairs, one column");
     static_assert(!NORM || NMAX == 1, "the norm prologue takes one column");
+    static_assert(!QX || NMAX == 1, "quantized activations: one column");
     const int tid = threadIdx.x;
     const int tpr = max(1, min(NT, K / QUANT_MV_ITEM)), slots = min(QUANT_MV_SLOTS, NT / tpr);
     const int rb = slots * R, ob = ACT ? rb / 2 : rb;  // weight rows, output rows per block
@@ -649,8 +708,13 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
                     xv[t] *= nv[t];
                 }
             }
-            T::prep(xv, p);
+            if constexpr (!QX) T::prep(xv, p);
+        } else if constexpr (QX) {
+#pragma unroll
+            for (int t = 0; t < 8; ++t) xv[t] = 0.0f;
         }
+        XQ xq;
+        if constexpr (QX) xq = mv_quantize_x(xv);  // every thread: the shuffles need all lanes
         cp_async_wait<S - 1>();  // chunk c has landed (this thread's copies) ...
         __syncthreads();         // ... and everyone's
         const u8* sb = smem + (c % S) * STAGE;
@@ -669,7 +733,9 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
 #pragma unroll
             for (int m = 0; m < R; ++m) {
                 const int j = slot * R + m;
-                if (j < nr) {
+                if (QX && j < nr) {
+                    if constexpr (QX) acc[m][0] = T::template dot_q<AL>(sb + j * rstride + rowoff(j), item, xq, acc[m][0]);
+                } else if (j < nr) {
                     const u8* rp = sb + j * rstride + rowoff(j);
                     Dq q;
                     T::template decode<AL>(rp, item, tab + 16 * j * nbc, q);
@@ -731,7 +797,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     }
 }
 
-template <class Q, int R, int NMAX, bool SIB = false, bool NORM = false, int ACT = MV_ACT_NONE>
+template <class Q, int R, int NMAX, bool SIB = false, bool NORM = false, int ACT = MV_ACT_NONE, bool QX = false>
 __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                                  i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,
                                                  int ncols, i64 blk, const MvExtra& e) {
@@ -743,13 +809,13 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
     unsigned long long a = (unsigned long long)w | (unsigned long long)w_nb1;
     if (ACT != MV_ACT_NONE) a |= (unsigned long long)e.w2;
     if ((a & 3) == 0)
-        mv_run<Q, R, NMAX, 2, SIB, NORM, ACT>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+        mv_run<Q, R, NMAX, 2, SIB, NORM, ACT, QX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
                                          smem, tab, fin, blk, e);
     else if ((a & 1) == 0)
-        mv_run<Q, R, NMAX, 1, SIB, NORM, ACT>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+        mv_run<Q, R, NMAX, 1, SIB, NORM, ACT, QX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
                                          smem, tab, fin, blk, e);
     else
-        mv_run<Q, R, NMAX, 0, SIB, NORM, ACT>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
+        mv_run<Q, R, NMAX, 0, SIB, NORM, ACT, QX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
                                          smem, tab, fin, blk, e);
 }
 
@@ -771,7 +837,7 @@ struct QSibSet {
     QSibMember m[QUANT_SIB_MAX];
 };
 
-template <class Q, bool NORM, int ACT>
+template <class Q, bool NORM, int ACT, bool QX = false>
 __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps) {
     // the block's product, with constant indices only (a parameter indexed at run time is copied
     // to local memory first)
@@ -780,18 +846,19 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     for (int i = 1; i < QUANT_SIB_MAX; ++i)
         if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) p = s.m[i];
     const MvExtra e{nw, eps, ACT != MV_ACT_NONE ? s.m[1].a : nullptr};
-    mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows, s.K, 1,
+    mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT, QX>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows, s.K, 1,
                                                    (i64)blockIdx.x - p.block0, e);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
 // mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps): the sibling mat-vecs above.
-#define GG_SIBQ(Q, S, NORM, ACT, NAME)                                                                             \
+#define GG_SIBQ_X(Q, S, NORM, ACT, QX, NAME, SUF)                                                                  \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
-        mul_mat_sibq##NAME##_##S##_f32(QSibSet s, const float* x, const float* nw, float eps) {                   \
+        mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps) {              \
         gg_grid_sync();                                                                                           \
-        sibq_impl<Q, NORM, ACT>(s, x, nw, eps);                                                                   \
+        sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps);                                                               \
     }
+#define GG_SIBQ(Q, S, NORM, ACT, NAME) GG_SIBQ_X(Q, S, NORM, ACT, false, NAME, )
 
 // dequant_rows_<t>_<o>: dst row r (o = f32 | f16) = source row r dequantized.
 // get_rows_<t>_<o>: dst row r = source row ids[r].
@@ -841,8 +908,28 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     GG_SIBQ(Q, S, false, MV_ACT_GELU, _gelu)                                                                      \
     GG_SIBQ(Q, S, true, MV_ACT_GELU, _norm_gelu)
 
+// The QX builds (quantized activations, __dp4a): mul_mat_vec1_<t>_f32_qx and the sibling builds
+// mul_mat_sibq*_<t>_f32_qx, for the types whose blocks are int8 or nibble runs.
+#define GG_QUANT_QX(Q, S)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
+        mul_mat_vec1_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,              \
+                                  i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) { \
+        gg_grid_sync();                                                                                           \
+        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, false, false, MV_ACT_NONE, true>(                                     \
+            w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0, ncols, blockIdx.x, MvExtra{});      \
+    }                                                                                                             \
+    GG_SIBQ_X(Q, S, false, MV_ACT_NONE, true, , _qx)                                                                   \
+    GG_SIBQ_X(Q, S, true, MV_ACT_NONE, true, _norm, _qx)                                                               \
+    GG_SIBQ_X(Q, S, false, MV_ACT_SILU, true, _silu, _qx)                                                              \
+    GG_SIBQ_X(Q, S, true, MV_ACT_SILU, true, _norm_silu, _qx)                                                          \
+    GG_SIBQ_X(Q, S, false, MV_ACT_GELU, true, _gelu, _qx)                                                              \
+    GG_SIBQ_X(Q, S, true, MV_ACT_GELU, true, _norm_gelu, _qx)
+
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)
 GG_QUANT_KERNELS(QQ4_1, q4_1)
+GG_QUANT_QX(QQ8_0, q8_0)
+GG_QUANT_QX(QQ4_0, q4_0)
+GG_QUANT_QX(QQ4_1, q4_1)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
