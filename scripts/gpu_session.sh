@@ -12,7 +12,7 @@
 #                                       SAN_TESTS if given
 #   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
 #                                       and llama.cpp side by side
-#   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=)
+#   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -67,7 +67,7 @@ models8b)   # the llama-3-8B-dims files (F16, and Q8_0 / Q4_0 by llama-quantize)
     for _ in $(seq 1 90); do [ -f /tmp/lcpp_done ] && break; sleep 5; done
     tail -2 /tmp/lcpp_build.log
     for q in ${QUANTS:-Q8_0 Q4_0}; do [ -f $W/8b-$q.gguf ] || $B/llama-quantize $W/8b-F16.gguf $W/8b-$q.gguf $q 16 > /dev/null 2>&1; done
-    python3 bench/bench_models.py $W/8b-F16.gguf $(for q in ${QUANTS:-Q8_0 Q4_0}; do echo $W/8b-$q.gguf; done) \
+    python3 bench/bench_models.py $( [ -z "${NO_F16:-}" ] && echo $W/8b-F16.gguf ) $(for q in ${QUANTS:-Q8_0 Q4_0}; do echo $W/8b-$q.gguf; done) \
         $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models_8b.log"
     ;;
 models)

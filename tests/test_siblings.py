@@ -442,8 +442,8 @@ def test_cuda_quant_swiglu(rng, dt, act, K, M, norm):
 @pytest.mark.compile_all
 def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
     """The packed arguments of every quantized sibling kernel match its CUBIN signature (NVRTC,
-    no GPU): with and without the norm, and the SwiGLU epilogue; F32 and (Q8_0, Q4_0, Q4_1)
-    int8 activations."""
+    no GPU): with and without the norm, and the SwiGLU epilogue; F32 and (Q4_0, Q4_1) int8
+    activations."""
     from gg.backends.cuda.families import blocks
     from test_kernel_contract import _lowered, mismatch
     graphs = []
@@ -462,5 +462,5 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
             suffix = "_qx" if qx and dt in blocks.QX_TYPES else ""
             assert graphs[-1].plan.steps[0].kernel == f"mul_mat_sibq_norm_{dt.name}_f32{suffix}"
     rt, records = _lowered(graphs)
-    assert len({r.name for r in records}) == 32 and all(r.name.startswith("mul_mat_sibq") for r in records)
+    assert len({r.name for r in records}) == 28 and all(r.name.startswith("mul_mat_sibq") for r in records)
     assert not [m for r in records if (m := mismatch(rt, r))]

@@ -28,10 +28,11 @@ MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
 # One-column products of these types quantize their activations to int8 in the block and multiply
-# with __dp4a (kernels/quant.cu QX: the *_qx builds), ggml's mmvq arithmetic: the float decode was
-# issue-bound (docs/performance.md). False: every product keeps F32 activations (NMSE <= 1e-6
-# against float64 instead of ggml's 5e-4 for quantized activations).
-QX_TYPES = (Q8_0, Q4_0, Q4_1)
+# with __dp4a (kernels/quant.cu QX: the *_qx builds), ggml's mmvq arithmetic: 5-9% faster than
+# decoding 4-bit weights to floats on the H100; Q8_0 measured the same either way, so it keeps the
+# exact F32 activations (docs/performance.md). QUANT_ACTIVATIONS = False: every product keeps F32
+# activations (NMSE <= 1e-6 against float64 instead of ggml's 5e-4 for quantized activations).
+QX_TYPES = (Q4_0, Q4_1)
 QUANT_ACTIVATIONS = True
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,

@@ -340,7 +340,7 @@ struct Dq {
 // the offsets need, decode<AL>(row, i, table of the row, q), apply(acc, q, x, p) -> acc.
 template <class Q> struct MV;
 
-// QX builds (`*_qx`: Q8_0, Q4_0, Q4_1 weights): the activations an item multiplies, quantized to
+// QX builds (`*_qx`: Q4_0, Q4_1 weights): the activations an item multiplies, quantized to
 // int8 in the block as ggml's q8 activations are (per 32 elements: d = amax / 127, q = round(x / d)),
 // so a weight word meets them in __dp4a: four products and their sum in one instruction, where the
 // float path decodes every weight to a float first (the float path was issue-bound: a 4096 x 4096
@@ -376,12 +376,6 @@ template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of bloc
 #pragma unroll
         for (int t = 0; t < 8; ++t) s = fmaf(x[t], q.f[t], s);
         return fmaf(q.a1, s, acc);
-    }
-    template <int AL> static __device__ __forceinline__ float dot_q(const u8* rp, int i, const XQ& x, float acc) {
-        const u8* blk = rp + 34 * (i >> 2);
-        const u8* qs = blk + 2 + 8 * (i & 3);
-        const int si = __dp4a((int)st_u32<AL, false>(qs + 4), x.q1, __dp4a((int)st_u32<AL, false>(qs), x.q0, 0));
-        return fmaf(h2f((u16)st_u16<AL>(blk)) * x.d, (float)si, acc);
     }
 };
 
@@ -909,7 +903,7 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     GG_SIBQ(Q, S, true, MV_ACT_GELU, _norm_gelu)
 
 // The QX builds (quantized activations, __dp4a): mul_mat_vec1_<t>_f32_qx and the sibling builds
-// mul_mat_sibq*_<t>_f32_qx, for the types whose blocks are int8 or nibble runs.
+// mul_mat_sibq*_<t>_f32_qx, for the 4-bit types (Q8_0's measured no faster: blocks.QX_TYPES).
 #define GG_QUANT_QX(Q, S)                                                                                         \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
         mul_mat_vec1_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,              \
@@ -928,7 +922,6 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)
 GG_QUANT_KERNELS(QQ4_1, q4_1)
-GG_QUANT_QX(QQ8_0, q8_0)
 GG_QUANT_QX(QQ4_0, q4_0)
 GG_QUANT_QX(QQ4_1, q4_1)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
