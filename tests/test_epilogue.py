@@ -37,7 +37,7 @@ def _decode_plan(fuse=True, **kw):
 def test_decode_step_ropes_and_writes_the_cache_in_the_product(n_head_kv):
     plan, cache = _decode_plan(n_head_kv=n_head_kv)
     first, attention = plan.steps[0], plan.steps[1]
-    assert first.ops == EPI and first.kernel == "mul_mat_vecw_r4_norm_epi_f16_f32"  # pairs in blocks of 4 rows
+    assert first.ops == EPI and first.kernel == "mul_mat_vecw_norm_epi_f16_f32"
     assert attention.ops[0] == "mul_mat" and "soft_max" in attention.ops  # the flash step is next
     rope, k_write = first.exports
     assert rope.op == "rope" and k_write.op == "set_rows" and first.out.op == "set_rows"
@@ -155,10 +155,7 @@ def _no_epilogues(monkeypatch) -> None:
     (gg.F32, gg.F32, gg.BF16, 32, 576, NEOX, 5, 2, True),
     (gg.BF16, gg.F16, gg.F16, 64, 264, 0, 3, 0, False),
 ])
-@pytest.mark.parametrize("wide_rows", [4, 2])
-def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first,
-                                               wide_rows):
-    monkeypatch.setattr(matmul, "WIDE_NORM_ROWS", wide_rows)  # the wide builds' rows per block (2 or 4)
+def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first):
     ctx = gg.Context()
     outs, parts = _qkv(ctx, rng, n=n, n_dims=n_dims, wdt=wdt, kdt=kdt, vdt=vdt, mode=mode, pos=pos, lo=lo,
                        w_first=w_first)

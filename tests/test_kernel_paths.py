@@ -74,7 +74,7 @@ def test_wide_matvec_normalizes_its_input(rng, launches, k, adt):
     g.compute()
     loads = k // (16 // adt.size)  # 16-byte loads per weight row: the block has at most that many threads
     threads = 256 if loads >= 256 else 128 if loads >= 128 else 64 if loads >= 64 else 32
-    assert launches == [f"mul_mat_vecw_r4_norm_{adt.name}_f32" if threads == 256
+    assert launches == [f"mul_mat_vecw_norm_{adt.name}_f32" if threads == 256
                         else f"mul_mat_vecw{threads}_norm_rows_{adt.name}_f32"]
     got = y.numpy().copy()
     xs = x.numpy().astype(np.float64)

@@ -401,7 +401,7 @@ def _norm_then_matvec(rng, n=4096, rows=300, tokens=1, wdt=np.float16, consumers
     return outs
 
 
-@pytest.mark.parametrize("n,kernel", [(4096, "mul_mat_vecw_r4_norm_f16_f32"), (1024, "mul_mat_vecw128_norm_rows_f16_f32"),
+@pytest.mark.parametrize("n,kernel", [(4096, "mul_mat_vecw_norm_f16_f32"), (1024, "mul_mat_vecw128_norm_rows_f16_f32"),
                                       (576, "mul_mat_vecw64_norm_rows_f16_f32"),
                                       (256, "mul_mat_vecw32_norm_rows_f16_f32")])
 def test_rms_norm_fuses_into_the_decode_matvec(rng, n, kernel):

@@ -206,7 +206,7 @@ def test_llama_decode_ffn_is_one_step():
     graph, _, _ = L.build_forward_pass(cfg, L.Weights.random(cfg, ctx), L.KVCache(cfg, ctx),
                                        L.Batch.indexed(cfg, ctx, 1), backends=CUDA)
     steps = graph.plan.steps
-    assert steps[0].kernel == "mul_mat_vecw_r4_norm_epi_f16_f32"
+    assert steps[0].kernel == "mul_mat_vecw_norm_epi_f16_f32"
     assert [s.ops for s in steps if "silu" in s.ops] == [("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")]
     assert len(steps) == 5
 

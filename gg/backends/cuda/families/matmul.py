@@ -32,8 +32,6 @@ MMV_BATCH = 4            # 16-byte loads a thread of the one-column build issues
 MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
-WIDE_NORM_ROWS = 4       # ... of its wide builds (mul_mat_vecw_r4_*: half the x and w reads of 2; 2 where
-                         # the epilogue's rope pairs do not fall into whole blocks of 4)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
@@ -200,10 +198,8 @@ def norm_threads(a: Tensor, x: Tensor) -> int:
     return next((t for t in NORM_THREADS if chunks >= t), 0)
 
 
-def norm_symbol(threads: int, rest: str, rows: int = MMVW_NORM_ROWS) -> str:
-    if threads == MMVW_THREADS:
-        return f"mul_mat_vecw{'_r4' if rows == 4 else ''}_norm{rest}"
-    return f"mul_mat_vecw{threads}_norm{rest}"
+def norm_symbol(threads: int, rest: str) -> str:
+    return f"mul_mat_vecw{'' if threads == MMVW_THREADS else threads}_norm{rest}"
 
 
 def threads_per_row(work: int, batch: int) -> int:
@@ -364,8 +360,7 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
         if threads < MMVW_THREADS:  # short rows: more of them per block
             return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_rows_{a.dtype.name}_f32"), threads,
                               MMVW_SHORT_ROWS)
-        return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_{a.dtype.name}_f32", WIDE_NORM_ROWS), threads,
-                          WIDE_NORM_ROWS)
+        return NormMatVec("mul_mat.cu", norm_symbol(threads, f"_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS)
     ropes = [n for n in tail if n.op == "rope"]
     scatters = [n for n in tail if n.op == "set_rows"]
     if (len(ropes) > 1 or len(scatters) > MV_SCATTERS or len(ropes) + len(scatters) != len(tail)
@@ -378,10 +373,7 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     found = [_epi_scatter(mm, rope, epi_rope[0] if epi_rope else 0, s, srcs) for s in scatters]
     if any(f is None for f in found):
         return None
-    rows = MMVW_NORM_ROWS
-    if threads == MMVW_THREADS and (epi_rope is None or all(v % WIDE_NORM_ROWS == 0 for v in epi_rope[:4])):
-        rows = WIDE_NORM_ROWS  # the rope's pairs fill whole blocks of WIDE_NORM_ROWS rows (lo, n, hd, n_dims)
-    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32", rows), threads, rows,  # type: ignore[arg-type]
+    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS,  # type: ignore[arg-type]
                     epi_rope, tuple(found),
                     table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
 
@@ -475,9 +467,6 @@ def variants() -> list[Variant]:
         for t in NORM_THREADS:
             v.append(Variant("mul_mat.cu", norm_symbol(t, f"_{a}_f32")))
             v.append(Variant("mul_mat.cu", norm_symbol(t, f"_epi_{a}_f32")))
-            if t == MMVW_THREADS:
-                v.append(Variant("mul_mat.cu", norm_symbol(t, f"_{a}_f32", 4)))
-                v.append(Variant("mul_mat.cu", norm_symbol(t, f"_epi_{a}_f32", 4)))
             if t < MMVW_THREADS:
                 v.append(Variant("mul_mat.cu", norm_symbol(t, f"_rows_{a}_f32")))
     return v

@@ -97,17 +97,16 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // row x, and every block computes W·(x * w) and sum(x^2) over the elements it reads anyway, then
 // scales by 1 / sqrt(mean(x^2) + eps): the rms_norm launch and its round trip through memory
 // disappear. Reading x and w (32 KB per 4096-row) for every weight row made the vector traffic
-// from L2 the limit (44 us instead of 33 for wqkv, H100), so those builds take ROWS = 2 weight
-// rows per block, each x and w element loaded serving both, and the mul_mat_vecw_r4 builds 4
-// (with the epilogue: two rotated pairs, mv_rows).
+// from L2 the limit (44 us instead of 33 for wqkv, H100), so that build takes ROWS = 2 weight
+// rows per block: each x and w element loaded serves both.
 //
 // EPI (the planner's epilogue fusion: a decode step's QKV product with the rope and the KV-cache
 // writes that read it): the rows are finished by mv_epilogue below instead of a plain store.
 //
 // Epilogue of a one-token product (all fields 8 bytes: lower.py packs it as words). Product rows
-// [lo, lo + n) are roped in heads of hd into `rope`; a rotated pair is always two rows of a block:
-// NORMAL's (2i, 2i + 1) are adjacent rows of a block anyway, and with `neox` the block that owns pair
-// slot i < n_dims/2 of a head computes rows i and i + n_dims/2 of it instead (mv_rows), so both modes
+// [lo, lo + n) are roped in heads of hd into `rope`; a rotated pair is always the block's two rows:
+// NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway, and with `neox` the block that owns pair slot
+// i < n_dims/2 of a head computes rows i and i + n_dims/2 of it instead (mv_rows), so both modes
 // rotate in registers with no exchange between blocks. Each scatter s is a set_rows of product rows [s.lo, s.lo + s.n), raw or
 // roped: element e goes to row idx[e / per], column e % per of s.dst (a KV cache). An index out of
 // range writes nothing and reports `code` through `err`, as rows.cu's set_rows does.
@@ -134,18 +133,15 @@ struct MvPre {
     int p, t[2];
 };
 
-// The rows of the block starting at m0 (a multiple of its row count R, 2 or 4): block row rr is
-// product row r0 + (rr / 2) * ps + (rr % 2) * dr, so rows 2p and 2p + 1 are a rotated pair. Plain:
-// m0, m0 + 1, ... (ps 2, dr 1). In a NEOX rope's first n_dims dims of a head, the block at dim c
-// takes pair slots c / 2 .. c / 2 + R / 2 - 1, slot i being dims i and i + n_dims / 2 (ps 1, dr
-// n_dims / 2: a bijection on those dims; the dims past n_dims keep their adjacent pairs).
-__device__ __forceinline__ void mv_rows(const MvEpi& e, i64 m0, i64& r0, i64& ps, i64& dr) {
+// The rows (r0, r0 + dr) of the block starting at m0 (even): m0, m0 + 1 except in a NEOX rope's
+// first n_dims dims of a head, where pair slot i = c / 2 holds dims i and i + n_dims / 2 (a
+// bijection on those dims; the dims past n_dims keep their adjacent pairs).
+__device__ __forceinline__ void mv_rows(const MvEpi& e, i64 m0, i64& r0, i64& dr) {
     const i64 j = m0 - e.lo;
     if (!e.neox || !e.rope || j < 0 || j >= e.n) return;
     const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
     if (c < (int)e.n_dims) {
         r0 = m0 - c + c / 2;
-        ps = 1;
         dr = e.n_dims / 2;
     }
 }
@@ -200,14 +196,13 @@ template <class TA, class TB, bool NORM, int ROWS, bool EPI = false, int THREADS
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
                                           float eps = 0.0f, const MvEpi* epi = nullptr) {
-    static_assert(!EPI || (NORM && ROWS % 2 == 0), "the epilogue ropes pairs of the block's rows");
+    static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the pair of the block's two rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[ROWS + NORM][THREADS / 32];
     const i64 m0 = (i64)blockIdx.x * ROWS;
     const int nrows = ROWS == 1 ? 1 : (int)min((i64)ROWS, d.ne[0] - m0);
-    i64 r0 = m0, ps = 2, dr = 1;  // block row rr is product row r0 + (rr / 2) * ps + (rr % 2) * dr (mv_rows)
-    if constexpr (EPI) mv_rows(*epi, m0, r0, ps, dr);
-    auto row_at = [&](int rr) -> i64 { return r0 + (rr >> 1) * ps + (rr & 1) * dr; };
+    i64 r0 = m0, dr = 1;  // block row rr is product row r0 + rr * dr
+    if constexpr (EPI) mv_rows(*epi, m0, r0, dr);
     // 32-bit index math, and none without batches: four 64-bit divisions (software, ~70
     // instructions each) ahead of the first load cost a short wave of rows 3.5 us (4096 rows).
     unsigned i2 = 0, i3 = 0, j2 = 0, j3 = 0;
@@ -217,7 +212,8 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         j2 = i2 / ((unsigned)bd.ne[2] / (unsigned)ad.ne[2]);
         j3 = i3 / ((unsigned)bd.ne[3] / (unsigned)ad.ne[3]);
     }
-    const char* abase = a + j2 * ad.nb[2] + j3 * ad.nb[3];
+    const char* arow = a + r0 * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
+    const i64 rstep = dr * ad.nb[1];
     const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int chunks = (int)(ad.ne[0] / G);
     float acc[ROWS], ss = 0.0f;
@@ -230,7 +226,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
 #pragma unroll
             for (int u = 0; u < MMVW_BATCH; ++u) {
                 const int c = c0 + u * THREADS;
-                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(abase + row_at(rr) * ad.nb[1] + (i64)c * 16);
+                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * rstep + (i64)c * 16);
             }
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
@@ -272,13 +268,13 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     MvPre pre;
     float res = 0.0f;  // the residual, requested before the barrier too (one round trip less at the end)
     if ((int)threadIdx.x < nrows) {
-        if constexpr (EPI) mv_epi_load(*epi, row_at(threadIdx.x), pre);
-        if (r) res = *(const float*)(r + row_at(threadIdx.x) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+        if constexpr (EPI) mv_epi_load(*epi, r0 + threadIdx.x * dr, pre);
+        if (r) res = *(const float*)(r + (r0 + threadIdx.x * dr) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
     }
     __syncthreads();
-    if ((int)threadIdx.x < nrows) {  // thread rr writes block row rr
+    if ((int)threadIdx.x < nrows) {  // thread rr writes row r0 + rr * dr
         const int rr = threadIdx.x;
-        const i64 m = row_at(rr);
+        const i64 m = r0 + rr * dr;
         float v = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int i = 0; i < THREADS / 32; ++i) {
@@ -391,18 +387,18 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
 
 // W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM. NAME is
 // mul_mat_vecw (MMVW_THREADS threads) or mul_mat_vecw<T> (T threads, short rows).
-#define GG_MM_NORM_T(TA, SA, NAME, T, R)                                                                  \
+#define GG_MM_NORM_T(TA, SA, NAME, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(T)                                                       \
         NAME##_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,      \
                                const char* nw, float eps) {                                               \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, R, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);               \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);   \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(T)                                                       \
         NAME##_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,  \
                                    const char* nw, float eps, MvEpi epi) {                                \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, R, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi);          \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi); \
     }
 // Short rows without an epilogue (a small model's output head: 49152 rows of 576): MMVW_SHORT_ROWS
 // weight rows per block, so the x and w loads every block repeats stay well below the weights'.
@@ -414,11 +410,10 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mmvw_impl<TA, float, true, MMVW_SHORT_ROWS, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);  \
     }
 #define GG_MM_NORM(TA, SA)                                                                                \
-    GG_MM_NORM_T(TA, SA, mul_mat_vecw, MMVW_THREADS, MMVW_NORM_ROWS)                                      \
-    GG_MM_NORM_T(TA, SA, mul_mat_vecw_r4, MMVW_THREADS, 4)                                                \
-    GG_MM_NORM_T(TA, SA, mul_mat_vecw128, 128, MMVW_NORM_ROWS)                                            \
-    GG_MM_NORM_T(TA, SA, mul_mat_vecw64, 64, MMVW_NORM_ROWS)                                              \
-    GG_MM_NORM_T(TA, SA, mul_mat_vecw32, 32, MMVW_NORM_ROWS)                                              \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw, MMVW_THREADS)                                                      \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw128, 128)                                                            \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw64, 64)                                                              \
+    GG_MM_NORM_T(TA, SA, mul_mat_vecw32, 32)                                                              \
     GG_MM_NORM_SHORT(TA, SA, mul_mat_vecw128, 128)                                                        \
     GG_MM_NORM_SHORT(TA, SA, mul_mat_vecw64, 64)                                                          \
     GG_MM_NORM_SHORT(TA, SA, mul_mat_vecw32, 32)
