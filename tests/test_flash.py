@@ -250,11 +250,19 @@ def compute(case, fuse=True):
 
 
 @cuda
+@pytest.mark.parametrize("combine", ["in_kernel", "separate"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_flash_matches_reference_and_unfused(name):
+def test_flash_matches_reference_and_unfused(name, combine, monkeypatch):
+    """Either way of combining the chunks: the last block of a head group (few chunks) or the
+    flash_combine launch (attention.FUSE_SPLITS = 0)."""
+    from gg.backends.cuda.families import attention
+    if combine == "separate":
+        monkeypatch.setattr(attention, "FUSE_SPLITS", 0)
     case = Case(**CASES[name], seed=len(name))
     g, out = compute(case)
     (flash,) = flash_steps(g.plan)
+    splits = -(-case.n_kv // attention.FAST_CHUNK)
+    assert flash.choice.fused == (flash.choice.fast and splits <= attention.FUSE_SPLITS)
     assert all(s.backend == "cuda" for s in g.plan.steps)
     assert flash.choice.v_pos == (case.v_form != "t")
     if case.v_form == "cont":
@@ -282,10 +290,13 @@ def test_llama_cpp_block_matches_reference_and_unfused(write, v):
 
 
 @cuda
-def test_flash_replays_with_new_inputs():
-    """The chunk counters reset themselves: every replay of the captured graph combines anew."""
-    case = Case(64, 2000, 8, 2, 1, seed=3)
+@pytest.mark.parametrize("n_kv", [2000, 600])
+def test_flash_replays_with_new_inputs(n_kv):
+    """Every replay of the captured graph combines anew (600 positions: the in-kernel combine,
+    whose counters the last block of each group resets)."""
+    case = Case(64, n_kv, 8, 2, 1, seed=3)
     g, out = compute(case)
+    assert flash_steps(g.plan)[0].choice.fused == (n_kv == 600)
     rng = np.random.default_rng(7)
     for _ in range(4):
         q = rng.standard_normal(case.q.shape)

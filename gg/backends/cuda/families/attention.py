@@ -15,7 +15,7 @@ import numpy as np
 from ....dtypes import BF16, F16, F32
 from ....tensor import Tensor
 from .. import launch
-from ..launch import Args, Launch, scratch
+from ..launch import Args, Launch, scratch, table
 from .common import (FLOATS, FLOAT_NAMES, GRID_YZ_MAX, Kernel, Srcs, Variant, aligned, code, node_srcs,
                      rows_aligned)
 
@@ -32,6 +32,7 @@ FAST_DTYPES = (F16, BF16)
 FAST_CHUNK = 64
 THREADS = 128
 COMBINE_THREADS, COMBINE_OUT = 128, 32
+FUSE_SPLITS = 16          # fast builds with at most this many chunks per row combine in their last block
 BLOCKS_PER_SM = 4
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_CHUNK": FAST_CHUNK, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
@@ -46,9 +47,10 @@ class FlashKernel(Kernel):
     heads: int   # query heads per block (fast builds)
     chunk: int   # positions per block (fast builds; the generic build picks one for the device's SMs)
     v_pos: bool = False  # V position-major (head dim contiguous): the *_vpos fast builds, the generic flag
+    fused: bool = False  # the last block of each head group combines (kernels/attn.cu flash_finish)
 
     def runs(self) -> tuple[tuple[str, str], ...]:
-        return ((self.file, self.symbol), (self.file, "flash_combine"))
+        return ((self.file, self.symbol),) if self.fused else ((self.file, self.symbol), (self.file, "flash_combine"))
 
 
 def claims(ops: tuple[str, ...]) -> bool:
@@ -111,8 +113,11 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     if (k.dtype in FAST_DTYPES and hd in FAST_HD and rows_aligned(k) and fast_splits <= MAX_SPLITS
             and (_pos_rows_aligned(v) if v_pos else rows_aligned(v))):
         nh = heads_per_block(kqv.ne[2], k.ne[2])
+        fused = fast_splits <= FUSE_SPLITS
+        groups = kqv.ne[2] // nh * q.ne[1] * kqv.ne[3]  # the grid's y * z: one counter each
         return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}" + ("_vpos" if v_pos else ""), True,
-                           nh, FAST_CHUNK, v_pos, scratch=4 * rows * fast_splits * (2 + hd))
+                           nh, FAST_CHUNK, v_pos, fused, scratch=4 * rows * fast_splits * (2 + hd),
+                           table=4 * groups if fused else 0)
     fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
     return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, v_pos,
@@ -141,8 +146,12 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
                 np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]),
                 np.int32(launch.L2_PREFETCH and kern.fast), np.int32(kern.v_pos))
     args.ptr(ws)
+    groups = out.ne[2] // kern.heads * tokens
+    args.ptr(table(step, np.zeros(groups, np.int32)) if kern.fused else 0)  # the counters start at zero
     chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,
                     smem=smem, what=what)
+    if kern.fused:
+        return [chunks]
     combine = Launch(rt, kern.file, "flash_combine", (out.ne[2] * tokens, -(-hd // COMBINE_OUT), 1),
                      (COMBINE_THREADS, 1, 1), Args().tensor(out).ptr(ws).i32(splits).i32(hd), what=what)
     return [chunks, combine]

@@ -20,9 +20,13 @@
 // o = Σ e^(s - m) V, and writes (m, l, o) to a workspace; flash_combine, launched right after,
 // combines the chunks of each row (query head of a token):
 //     out = Σ_c e^(m_c - M) o_c / Σ_c e^(m_c - M) l_c,  M = max_c m_c.
-// (Combining in the last block of each head group, found with an atomic counter, left a tail of
-// a few blocks reading every chunk's o: 20-55% of the kernel's time in ncu.) Heads sharing a K/V
-// head are done by one block (GQA), so each cache byte is read once per token.
+// Combining in the last block of each head group, found with an atomic counter, left a tail of
+// a few blocks reading every chunk's o when rows have many chunks (20-55% of the kernel's time in
+// ncu, llama-7B dims); with few chunks (families/attention.py FUSE_SPLITS: a small model's short context)
+// that tail is short and saves the combine's launch, so the host passes `cnt` (a counter per head
+// group, zero between runs: the last block resets it) and the kernel finishes the rows itself
+// (flash_finish). Heads sharing a K/V head are done by one block (GQA), so each cache byte is read
+// once per token.
 //
 // A chunk whose every position is masked (mask -inf, or past n_past + t) reads neither K nor V:
 // an indexed decode graph spans the whole context, and early in a sequence most of it is empty.
@@ -92,11 +96,14 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
 
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
 // VP (fast path): V position-major, its tile staged like K's ([FA_CHUNK][HD]).
+template <int NH>
+__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, int hd, float* ws, int* cnt);
+
 template <class TK, int NH, int HD, bool VP>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
                                            const char* k, const TDesc& kd, const char* v, const TDesc& vd,
                                            const char* mask, const TDesc& md, int mdt, const FaArgs& p,
-                                           float* ws) {
+                                           float* ws, int* cnt) {
     constexpr bool FAST = HD > 0;
     constexpr int SC = FAST ? FA_CHUNK : FA_MAX_CHUNK;
     // dynamic: the K tile [FA_CHUNK][HD] and the V tile [HD][FA_CHUNK] ([FA_CHUNK][HD] if VP) (fast path)
@@ -370,6 +377,52 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
         for (int e = tid; e < NH * hd; e += FA_THREADS) ws_o[(row_of(e / hd) * S + split) * hd + e % hd] = 0.0f;
     }
+    if (cnt) flash_finish<NH>(dst, d, hd, ws, cnt);
+}
+
+// The fused combine: every block publishes its chunk's (m, l, o) and takes a ticket; the last of a
+// head group's S blocks combines the group's rows as flash_combine does (out = Σ e^(m_c - M) o_c /
+// Σ e^(m_c - M) l_c) and resets the counter for the next run. Its loads bypass L1 (__ldcg): the
+// other blocks' results were written on other SMs.
+template <int NH>
+__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, int hd, float* ws, int* cnt) {
+    __shared__ int last;
+    const int tid = threadIdx.x, S = (int)gridDim.x;
+    __threadfence();  // this block's (m, l, o) are visible device-wide before its ticket
+    __syncthreads();
+    if (tid == 0) {
+        const int g = (int)(blockIdx.y + gridDim.y * blockIdx.z);
+        last = atomicAdd(&cnt[g], 1) == S - 1;
+        if (last) cnt[g] = 0;  // every block of the group has its ticket: zero for the next run
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    const i64 R = (i64)gridDim.z * d.ne[2];
+    const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
+    for (int hh = 0; hh < NH; ++hh) {
+        const int h = (int)blockIdx.y * NH + hh;
+        const i64 row = (i64)blockIdx.z * d.ne[2] + h;
+        const float* ml = ws + row * S * 2;
+        const float* o = ws + 2 * R * S + row * S * hd;
+        float M = NEG_INF;
+        for (int c = 0; c < S; ++c) M = max_nan(M, __ldcg(ml + 2 * c));
+        float L = 0.0f;
+        for (int c = 0; c < S; ++c) {
+            const float m = __ldcg(ml + 2 * c);
+            L += (m == NEG_INF ? 0.0f : expf(m - M)) * __ldcg(ml + 2 * c + 1);
+        }
+        for (int dd = tid; dd < hd; dd += FA_THREADS) {
+            float acc = 0.0f;
+            for (int c = 0; c < S; ++c) {
+                const float m = __ldcg(ml + 2 * c);
+                acc += (m == NEG_INF ? 0.0f : expf(m - M)) * __ldcg(o + (i64)c * hd + dd);
+            }
+            *(float*)(dst + dd * d.nb[0] + t * d.nb[1] + h * d.nb[2] + i3 * d.nb[3]) =
+                L == 0.0f ? 0.0f : acc / L;  // fully masked: zeros
+        }
+    }
 }
 
 // The chunks of each row (query head of a token) combined: block (row, FC_OUT outputs), threads
@@ -455,10 +508,10 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
 #define GG_FA(T, S, NH, HD, VP, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
-             const char* mask, TDesc md, int mdt, FaArgs p, float* ws) {                                   \
+             const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt) {                         \
         flash_l2_prefetch<T, NH, HD, VP>(d, k, kd, v, vd, p);                                              \
         gg_grid_sync();                                                                                    \
-        flash_impl<T, NH, HD, VP>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws);                      \
+        flash_impl<T, NH, HD, VP>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);                 \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V
 // layouts; one generic build per dtype (one query head per block, either layout), for the rest.
