@@ -294,7 +294,7 @@ def test_llama_cpp_block_matches_reference_and_unfused(write, v):
 def test_flash_replays_with_new_inputs(n_kv):
     """Every replay of the captured graph combines anew (600 positions: the in-kernel combine,
     whose counters the last block of each group resets)."""
-    case = Case(64, n_kv, 8, 2, 1, seed=3)
+    case = Case(64, n_kv, 8, 2, 1, seed=3, n_ctx=608 if n_kv == 600 else None)  # 608: aligned rows, fast
     g, out = compute(case)
     assert flash_steps(g.plan)[0].choice.fused == (n_kv == 600)
     rng = np.random.default_rng(7)

@@ -32,11 +32,12 @@ FAST_DTYPES = (F16, BF16)
 FAST_CHUNK = 64
 THREADS = 128
 COMBINE_THREADS, COMBINE_OUT = 128, 32
-FUSE_SPLITS = 16          # fast builds with at most this many chunks per row combine in their last block
+FUSE_MAX = 16             # chunks per row the in-kernel combine can take (kernels/attn.cu FA_FUSE_SPLITS)
+FUSE_SPLITS = FUSE_MAX    # fast builds with at most this many chunks per row combine in their last block
 BLOCKS_PER_SM = 4
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_CHUNK": FAST_CHUNK, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
-                       "FC_OUT": COMBINE_OUT,
+                       "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX,
                        "GG_FOR_FA_FAST(X, ...)": " ".join(f"X({nh}, {hd}, __VA_ARGS__)"
                                                           for nh, hd in product(HEADS, FAST_HD))}}
 

@@ -22,7 +22,7 @@
 //     out = Σ_c e^(m_c - M) o_c / Σ_c e^(m_c - M) l_c,  M = max_c m_c.
 // Combining in the last block of each head group, found with an atomic counter, left a tail of
 // a few blocks reading every chunk's o when rows have many chunks (20-55% of the kernel's time in
-// ncu, llama-7B dims); with few chunks (families/attention.py FUSE_SPLITS: a small model's short context)
+// ncu, llama-7B dims); with few chunks (at most FA_FUSE_SPLITS: a small model's short context)
 // that tail is short and saves the combine's launch, so the host passes `cnt` (a counter per head
 // group, zero between runs: the last block resets it) and the kernel finishes the rows itself
 // (flash_finish). Heads sharing a K/V head are done by one block (GQA), so each cache byte is read
@@ -35,7 +35,8 @@
 #include "common.cuh"
 
 // FA_THREADS, FA_CHUNK (positions per block of the fast builds), FA_MAX_CHUNK, FA_MAX_HD,
-// FA_MAX_SPLITS (chunks per row: flash_combine keeps their weights), FC_THREADS, FC_OUT and the
+// FA_MAX_SPLITS (chunks per row: flash_combine keeps their weights), FC_THREADS, FC_OUT,
+// FA_FUSE_SPLITS (chunks per row the last block combines) and the
 // fast builds' list GG_FOR_FA_FAST come from the host (families/attention.py, as -D).
 #define FA_WARPS (FA_THREADS / 32)
 #define FA_BATCH 16        // chunk results a flash_combine thread loads at once
@@ -96,8 +97,8 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
 
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
 // VP (fast path): V position-major, its tile staged like K's ([FA_CHUNK][HD]).
-template <int NH>
-__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, int hd, float* ws, int* cnt);
+template <int NH, int HD>
+__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt);
 
 template <class TK, int NH, int HD, bool VP>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
@@ -377,50 +378,70 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
         for (int e = tid; e < NH * hd; e += FA_THREADS) ws_o[(row_of(e / hd) * S + split) * hd + e % hd] = 0.0f;
     }
-    if (cnt) flash_finish<NH>(dst, d, hd, ws, cnt);
+    if (cnt) flash_finish<NH, HD>(dst, d, ws, cnt);
 }
 
 // The fused combine: every block publishes its chunk's (m, l, o) and takes a ticket; the last of a
 // head group's S blocks combines the group's rows as flash_combine does (out = Σ e^(m_c - M) o_c /
-// Σ e^(m_c - M) l_c) and resets the counter for the next run. Its loads bypass L1 (__ldcg): the
-// other blocks' results were written on other SMs.
-template <int NH>
-__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, int hd, float* ws, int* cnt) {
-    __shared__ int last;
-    const int tid = threadIdx.x, S = (int)gridDim.x;
-    __threadfence();  // this block's (m, l, o) are visible device-wide before its ticket
-    __syncthreads();
-    if (tid == 0) {
-        const int g = (int)(blockIdx.y + gridDim.y * blockIdx.z);
-        last = atomicAdd(&cnt[g], 1) == S - 1;
-        if (last) cnt[g] = 0;  // every block of the group has its ticket: zero for the next run
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float NEG_INF = -__int_as_float(0x7f800000);
-    const i64 R = (i64)gridDim.z * d.ne[2];
-    const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
-    for (int hh = 0; hh < NH; ++hh) {
-        const int h = (int)blockIdx.y * NH + hh;
-        const i64 row = (i64)blockIdx.z * d.ne[2] + h;
-        const float* ml = ws + row * S * 2;
-        const float* o = ws + 2 * R * S + row * S * hd;
-        float M = NEG_INF;
-        for (int c = 0; c < S; ++c) M = max_nan(M, __ldcg(ml + 2 * c));
-        float L = 0.0f;
-        for (int c = 0; c < S; ++c) {
-            const float m = __ldcg(ml + 2 * c);
-            L += (m == NEG_INF ? 0.0f : expf(m - M)) * __ldcg(ml + 2 * c + 1);
+// Σ e^(m_c - M) l_c) and resets the counter for the next run. Its loads bypass L1 (__ldcg: the
+// other blocks wrote on other SMs) and are all issued before the weights are known: the tail is
+// one round trip, not one per chunk. Fast builds only (HD > 0): S <= FA_FUSE_SPLITS.
+template <int NH, int HD>
+__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt) {
+    if constexpr (HD > 0) {
+        constexpr int SL = FA_THREADS / HD, U = FA_FUSE_SPLITS / SL;  // chunk slices; a thread's chunks
+        __shared__ int last;
+        __shared__ float w[FA_FUSE_SPLITS], part[FA_THREADS], Ls;
+        const int tid = threadIdx.x, S = (int)gridDim.x;
+        __threadfence();  // this block's (m, l, o) are visible device-wide before its ticket
+        __syncthreads();
+        if (tid == 0) {
+            const int g = (int)(blockIdx.y + gridDim.y * blockIdx.z);
+            last = atomicAdd(&cnt[g], 1) == S - 1;
+            if (last) cnt[g] = 0;  // every block of the group has its ticket: zero for the next run
         }
-        for (int dd = tid; dd < hd; dd += FA_THREADS) {
-            float acc = 0.0f;
-            for (int c = 0; c < S; ++c) {
-                const float m = __ldcg(ml + 2 * c);
-                acc += (m == NEG_INF ? 0.0f : expf(m - M)) * __ldcg(o + (i64)c * hd + dd);
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        const float NEG_INF = -__int_as_float(0x7f800000);
+        const i64 R = (i64)gridDim.z * d.ne[2];
+        const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
+        const int dd = tid % HD, sl = tid / HD;
+        for (int hh = 0; hh < NH; ++hh) {
+            const int h = (int)blockIdx.y * NH + hh;
+            const i64 row = (i64)blockIdx.z * d.ne[2] + h;
+            const float* ml = ws + row * S * 2;
+            const float* o = ws + 2 * R * S + row * S * HD;
+            float ov[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = u * SL + sl;
+                ov[u] = c < S ? __ldcg(o + (i64)c * HD + dd) : 0.0f;
             }
-            *(float*)(dst + dd * d.nb[0] + t * d.nb[1] + h * d.nb[2] + i3 * d.nb[3]) =
-                L == 0.0f ? 0.0f : acc / L;  // fully masked: zeros
+            if (tid < 32) {  // one warp: the chunks' weights and their sum
+                const float m = tid < S ? __ldcg(ml + 2 * tid) : NEG_INF;
+                const float l = tid < S ? __ldcg(ml + 2 * tid + 1) : 0.0f;
+                const float M = warp_max(m);
+                const float e = (tid < S && m != NEG_INF) ? expf(m - M) : 0.0f;  // an empty chunk: weight 0
+                if (tid < FA_FUSE_SPLITS) w[tid] = e;
+                const float L = warp_sum(e * l);
+                if (tid == 0) Ls = L;
+            }
+            __syncthreads();
+            float acc = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = u * SL + sl;
+                if (c < S) acc += w[c] * ov[u];
+            }
+            part[tid] = acc;
+            __syncthreads();
+            if (sl == 0) {
+                for (int i = 1; i < SL; ++i) acc += part[i * HD + dd];
+                *(float*)(dst + dd * d.nb[0] + t * d.nb[1] + h * d.nb[2] + i3 * d.nb[3]) =
+                    Ls == 0.0f ? 0.0f : acc / Ls;  // fully masked: zeros
+            }
+            __syncthreads();  // w, part and Ls serve the next head
         }
     }
 }
