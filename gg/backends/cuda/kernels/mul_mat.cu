@@ -385,15 +385,18 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
         mm_impl<TA, TB>(dst, d, a, ad, b, bd);                                                            \
     }
 
-// W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM. NAME is
-// mul_mat_vecw (MMVW_THREADS threads) or mul_mat_vecw<T> (T threads, short rows).
-#define GG_MM_NORM_T(TA, SA, NAME, T)                                                                     \
+// W (any float dtype) · (rms_norm(x) * w) for an F32 row x: see mmvw_impl's NORM. FN: the symbol,
+// T threads, R weight rows per block.
+#define GG_MM_NORM_FN(FN, TA, T, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(T)                                                       \
-        NAME##_norm_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,      \
-                               const char* nw, float eps) {                                               \
+        FN(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, const char* nw, float eps) { \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);   \
-    }                                                                                                     \
+        mmvw_impl<TA, float, true, R, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);               \
+    }
+// NAME is mul_mat_vecw (MMVW_THREADS threads) or mul_mat_vecw<T> (T threads, short rows); with the
+// epilogue too.
+#define GG_MM_NORM_T(TA, SA, NAME, T)                                                                     \
+    GG_MM_NORM_FN(NAME##_norm_##SA##_f32, TA, T, MMVW_NORM_ROWS)                                          \
     extern "C" __global__ void __launch_bounds__(T)                                                       \
         NAME##_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,  \
                                    const char* nw, float eps, MvEpi epi) {                                \
@@ -402,13 +405,7 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     }
 // Short rows without an epilogue (a small model's output head: 49152 rows of 576): MMVW_SHORT_ROWS
 // weight rows per block, so the x and w loads every block repeats stay well below the weights'.
-#define GG_MM_NORM_SHORT(TA, SA, NAME, T)                                                                 \
-    extern "C" __global__ void __launch_bounds__(T)                                                       \
-        NAME##_norm_rows_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, \
-                                    const char* nw, float eps) {                                          \
-        gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, MMVW_SHORT_ROWS, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);  \
-    }
+#define GG_MM_NORM_SHORT(TA, SA, NAME, T) GG_MM_NORM_FN(NAME##_norm_rows_##SA##_f32, TA, T, MMVW_SHORT_ROWS)
 #define GG_MM_NORM(TA, SA)                                                                                \
     GG_MM_NORM_T(TA, SA, mul_mat_vecw, MMVW_THREADS)                                                      \
     GG_MM_NORM_T(TA, SA, mul_mat_vecw128, 128)                                                            \
