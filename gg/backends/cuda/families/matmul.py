@@ -371,11 +371,11 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     if rope is not None and epi_rope is None:
         return None
     found = [_epi_scatter(mm, rope, epi_rope[0] if epi_rope else 0, s, srcs) for s in scatters]
-    if any(f is None for f in found):
+    done = tuple(f for f in found if f is not None)
+    if len(done) != len(found):
         return None
-    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS,  # type: ignore[arg-type]
-                    epi_rope, tuple(found),
-                    table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
+    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS,
+                    epi_rope, done, table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
 
 
 # ---- prepare time: launch records ----------------------------------------------------------------
@@ -383,6 +383,7 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if isinstance(k, siblings.Siblings):  # quantized weights normalized on the way in
         return siblings.lower(rt, step, k, what)
     if step.ops[:3] == NORM_MATVEC:
+        assert isinstance(k, NormMatVec)  # _choose_norm's choice
         return [_lower_norm(rt, step, k, what)]
     out, mm = step.out, step.nodes[0]  # out is the add of a fused mul_mat -> add
     a, b = step.srcs(mm)
