@@ -343,9 +343,10 @@ template <class Q> struct MV;
 // QX builds (`*_qx`: Q4_0, Q4_1 weights): the activations an item multiplies, quantized to
 // int8 in the block as ggml's q8 activations are (per 32 elements: d = amax / 127, q = round(x / d)),
 // so a weight word meets them in __dp4a: four products and their sum in one instruction, where the
-// float path decodes every weight to a float first (the float path was issue-bound: a 4096 x 4096
-// Q4_0 product took as long as the F16 one with 3.6x the bytes). The integer sums are exact; the
-// activations' rounding (relative ~1/254 per element) is the error ggml's mmvq has.
+// float path decodes every weight to a float first (~8 instructions per item and row instead of
+// ~27; measured 5-9% faster on the H100, so the instructions were not what bound the kernel:
+// docs/quantization.md). The integer sums are exact; the activations' rounding (relative ~1/254
+// per element) is the error ggml's mmvq has.
 struct XQ {
     int q0, q1;     // the item's 8 activations as int8: elements o1..o1+3, o2..o2+3
     float d;        // their block's scale
