@@ -1,6 +1,7 @@
 """Reductions over dim 0 that change the dtype: argmax (kernels/reduce.cu), a block per row."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from ....dtypes import I32
@@ -10,6 +11,11 @@ from .common import FLOAT_NAMES, GRID_X_MAX, Kernel, Srcs, Variant, floats, node
 
 THREADS = 1024  # a row of a vocabulary (tens of thousands of logits) per block
 DEFINES: dict[str, dict[str, object]] = {}
+
+
+@dataclass(frozen=True)
+class Argmax(Kernel):
+    vec: bool  # runs of 4 elements per load (argmax_vec_*): a thread per run, not per element
 
 
 def claims(ops: tuple[str, ...]) -> bool:
@@ -23,13 +29,14 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
         return None
     # runs of 4 elements in one load: 16 bytes of F32 (8 of F16/BF16) on their boundary
     vec = x.ne[0] % 4 == 0 and x.ne[0] // 4 < 2 ** 31 and rows_aligned(x, 4 * x.dtype.size)
-    return Kernel("reduce.cu", f"argmax_{'vec_' if vec else ''}{x.dtype.name}")
+    return Argmax("reduce.cu", f"argmax_{'vec_' if vec else ''}{x.dtype.name}", vec)
 
 
 def lower(rt, step, k: Kernel, what: str) -> list:
     out = step.out
     (x,) = step.srcs(out)
-    items = x.ne[0] // 4 if "_vec_" in k.symbol else x.ne[0]
+    assert isinstance(k, Argmax)  # choose's
+    items = x.ne[0] // 4 if k.vec else x.ne[0]
     threads = min(THREADS, max(32, -(-items // 32) * 32))
     return [Launch(rt, k.file, k.symbol, (rows(x), 1, 1), (threads, 1, 1), Args().tensor(out).tensor(x), what=what)]
 
