@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from . import dtypes
+from .buffer import read_async
 from .dtypes import DType
 from .errors import BackendError, DTypeError, GGError, GraphError, ShapeError
 
@@ -254,7 +255,6 @@ class Tensor:
         behind the computes enqueued so far (`compute(sync=False)`), and `.result()` waits for it
         and returns the array (raising as `gg.synchronize` would if a kernel reported an error).
         A decode loop reads step n's token while step n + 1 already runs."""
-        from .buffer import read_async
         buf, off = self._storage()
         lo, hi = self.extent()
         return PendingArray(self, lo, read_async(buf, off + lo, hi - lo))

@@ -192,8 +192,8 @@ class Model:
         st.t_prompt = time.perf_counter() - t0
         t0 = time.perf_counter()
         if params.greedy:
-            tokens = self.decode_greedy(int(out.reshape(-1)[0]), max_tokens - 1)
-            for n, tok in enumerate(itertools.chain((int(out.reshape(-1)[0]),), tokens)):
+            first = int(out.reshape(-1)[0])
+            for n, tok in enumerate(itertools.chain((first,), self.decode_greedy(first, max_tokens - 1))):
                 st.n_gen, st.t_gen = n + 1, time.perf_counter() - t0
                 yield tok
             return

@@ -147,8 +147,7 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
                 np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]),
                 np.int32(launch.L2_PREFETCH and kern.fast), np.int32(kern.v_pos))
     args.ptr(ws)
-    groups = out.ne[2] // kern.heads * tokens
-    args.ptr(table(step, np.zeros(groups, np.int32)) if kern.fused else 0)  # the counters start at zero
+    args.ptr(table(step, np.zeros(kern.table // 4, np.int32)) if kern.fused else 0)  # the counters start at zero
     chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,
                     smem=smem, what=what)
     if kern.fused:

@@ -853,7 +853,24 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
         gg_grid_sync();                                                                                           \
         sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps);                                                               \
     }
-#define GG_SIBQ(Q, S, NORM, ACT, NAME) GG_SIBQ_X(Q, S, NORM, ACT, false, NAME, )
+// Every sibling build of a type: without/with the norm, plain, SwiGLU and GeGLU.
+#define GG_SIBQ_SET(Q, S, QX, SUF)                                                                                \
+    GG_SIBQ_X(Q, S, false, MV_ACT_NONE, QX, , SUF)                                                                \
+    GG_SIBQ_X(Q, S, true, MV_ACT_NONE, QX, _norm, SUF)                                                            \
+    GG_SIBQ_X(Q, S, false, MV_ACT_SILU, QX, _silu, SUF)                                                           \
+    GG_SIBQ_X(Q, S, true, MV_ACT_SILU, QX, _norm_silu, SUF)                                                       \
+    GG_SIBQ_X(Q, S, false, MV_ACT_GELU, QX, _gelu, SUF)                                                           \
+    GG_SIBQ_X(Q, S, true, MV_ACT_GELU, QX, _norm_gelu, SUF)
+// mul_mat_vec1_<t>_f32<SUF>: the one-column mat-vec (QX: int8 activations).
+#define GG_QUANT_VEC1(Q, S, QX, SUF)                                                                              \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
+        mul_mat_vec1_##S##_f32##SUF(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,            \
+                                    i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,         \
+                                    int ncols) {                                                                  \
+        gg_grid_sync();                                                                                           \
+        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, false, false, MV_ACT_NONE, QX>(                                       \
+            w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0, ncols, blockIdx.x, MvExtra{});      \
+    }
 
 // dequant_rows_<t>_<o>: dst row r (o = f32 | f16) = source row r dequantized.
 // get_rows_<t>_<o>: dst row r = source row ids[r].
@@ -889,36 +906,12 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
         mul_mat_vec_impl<Q, QUANT_MV_ROWS_N, QUANT_MV_NMAX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride,  \
                                                             n_rows, ne0, ncols, blockIdx.x, MvExtra{});           \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                                \
-        mul_mat_vec1_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,    \
-                               const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) {                \
-        gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0,     \
-                                            ncols, blockIdx.x, MvExtra{});                                        \
-    }                                                                                                             \
-    GG_SIBQ(Q, S, false, MV_ACT_NONE, )                                                                           \
-    GG_SIBQ(Q, S, true, MV_ACT_NONE, _norm)                                                                       \
-    GG_SIBQ(Q, S, false, MV_ACT_SILU, _silu)                                                                      \
-    GG_SIBQ(Q, S, true, MV_ACT_SILU, _norm_silu)                                                                  \
-    GG_SIBQ(Q, S, false, MV_ACT_GELU, _gelu)                                                                      \
-    GG_SIBQ(Q, S, true, MV_ACT_GELU, _norm_gelu)
+    GG_QUANT_VEC1(Q, S, false, )                                                                                  \
+    GG_SIBQ_SET(Q, S, false, )
 
 // The QX builds (quantized activations, __dp4a): mul_mat_vec1_<t>_f32_qx and the sibling builds
 // mul_mat_sibq*_<t>_f32_qx, for the 4-bit types (Q8_0's measured no faster: blocks.QX_TYPES).
-#define GG_QUANT_QX(Q, S)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
-        mul_mat_vec1_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,              \
-                                  i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) { \
-        gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, false, false, MV_ACT_NONE, true>(                                     \
-            w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0, ncols, blockIdx.x, MvExtra{});      \
-    }                                                                                                             \
-    GG_SIBQ_X(Q, S, false, MV_ACT_NONE, true, , _qx)                                                                   \
-    GG_SIBQ_X(Q, S, true, MV_ACT_NONE, true, _norm, _qx)                                                               \
-    GG_SIBQ_X(Q, S, false, MV_ACT_SILU, true, _silu, _qx)                                                              \
-    GG_SIBQ_X(Q, S, true, MV_ACT_SILU, true, _norm_silu, _qx)                                                          \
-    GG_SIBQ_X(Q, S, false, MV_ACT_GELU, true, _gelu, _qx)                                                              \
-    GG_SIBQ_X(Q, S, true, MV_ACT_GELU, true, _norm_gelu, _qx)
+#define GG_QUANT_QX(Q, S) GG_QUANT_VEC1(Q, S, true, _qx) GG_SIBQ_SET(Q, S, true, _qx)
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)
