@@ -166,6 +166,9 @@ def test_pipelined_greedy_decode_equals_one_step_at_a_time(tmp_path, rng, backen
     it = m.decode_greedy(first, 10)
     next(it), next(it)
     assert m.cache.n_past == len(ids) + 2
+    for bad in ((-1, 3), (m.hparams.n_vocab, 3), (first, -1), (first, 2.5)):
+        with pytest.raises(gg.GGError):
+            next(m.decode_greedy(*bad))
 
 
 def test_generate_text_and_seed(tmp_path, rng):

@@ -214,6 +214,9 @@ class Model:
         token (inputs, launch, readback) runs while the GPU computes the ones before it. Steps
         enqueued past where the caller stops only write cache rows past n_past (masked, and
         overwritten later)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise GGError(f"decode_greedy: n must be an integer >= 0, got {n!r}")
+        token = int(self._check_ids([token])[0])
         dec = self._decoder("argmax")
         ahead = DECODE_AHEAD if any(base.is_cuda(s.backend) for s in dec.graph.plan.steps) else 1
         start = self.cache.n_past
