@@ -1,10 +1,12 @@
 """Kernel experiments: gg's real bandwidth-bound kernels next to the specialized variants of
-scripts/kexp/variants.cu, each timed with CUDA events on the same buffers, against the copy roof
-measured in the same process. A tuning aid (what wins moves into gg's kernels, with tests).
-Run on a GPU machine:  PYTHONPATH=. python3 scripts/kexp.py [matvec rms softmax cpy]
+scripts/kexp/variants.cu, each timed by replaying a CUDA graph of back-to-back launches on the same
+buffers, against the copy roof measured in the same process. A tuning aid (what wins moves into
+gg's kernels, with tests).
+Run on a GPU machine:  PYTHONPATH=. python3 scripts/kexp.py [matvec rms softmax cpy quant]
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +18,8 @@ from gg.backends.cuda.runtime import check, cu
 
 rt = runtime.get()
 SRC = Path(__file__).with_name("kexp") / "variants.cu"
-(MOD,) = check(cu.cuModuleLoadData(compiler.compile_source(SRC.read_text(), "variants.cu", rt.arch)), "load")
+(MOD,) = check(cu.cuModuleLoadData(compiler.compile_source(SRC.read_text(), "variants.cu", rt.arch,
+                                                                   compiler.OPTIONS + compiler.defines("common.cuh"))), "load")
 SM = rt.sm_count
 
 
@@ -36,21 +39,30 @@ def launch(f, grid, block, args: Args, smem: int = 0) -> None:
 
 
 def timeit(run, iters: int = 20, reps: int = 5) -> float:
-    """Seconds per run(): the best of `reps` timings of `iters` back-to-back launches between two
-    events (one launch timed alone would include the host's time to submit it)."""
+    """Seconds per run(): the best of `reps` replays of a CUDA graph of `iters` back-to-back runs
+    between two events (Python launches one at a time would measure the host for any kernel
+    under ~10 us; the model's decode replays graphs too)."""
     for _ in range(3):
         run()
+    stream = rt.stream
+    check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture")
+    for _ in range(iters):
+        run()
+    (graph,) = check(cu.cuStreamEndCapture(stream), "end capture")
+    (gexec,) = check(cu.cuGraphInstantiate(graph, 0), "instantiate")
+    check(cu.cuGraphLaunch(gexec, stream), "replay")
     (a,) = check(cu.cuEventCreate(0), "event")
     (b,) = check(cu.cuEventCreate(0), "event")
     ts = []
     for _ in range(reps):
-        check(cu.cuEventRecord(a, rt.stream), "rec")
-        for _ in range(iters):
-            run()
-        check(cu.cuEventRecord(b, rt.stream), "rec")
+        check(cu.cuEventRecord(a, stream), "rec")
+        check(cu.cuGraphLaunch(gexec, stream), "replay")
+        check(cu.cuEventRecord(b, stream), "rec")
         check(cu.cuEventSynchronize(b), "sync")
         (ms,) = check(cu.cuEventElapsedTime(a, b), "elapsed")
         ts.append(ms / 1e3 / iters)
+    check(cu.cuGraphExecDestroy(gexec), "destroy")
+    check(cu.cuGraphDestroy(graph), "destroy")
     return float(min(ts))
 
 
@@ -229,6 +241,85 @@ def cpy(roof: float) -> None:
             t = timeit(lambda: launch(f, (rows_,), (T,), args2))
             rows.append((f"cpyx batch {batch} T {T}", t, nbytes, err()))
     report(rows, roof)
+
+
+def quant(roof: float) -> None:
+    """gg's one-column quantized mat-vec (kernels/quant.cu, both builds of the QX types) timed by
+    graph replay on weight copies that together exceed L2 (each launch reads its bytes from HBM),
+    next to a plain read of as many bytes (the read roof of one launch that size). KEXP_ONCE=1:
+    one launch each, on one shape (for ncu)."""
+    from gg import quant as gq
+    from gg.backends.cuda.families import blocks
+    from gg.dtypes import Q4_0, Q4_1, Q6_K, Q8_0
+    once = bool(os.environ.get("KEXP_ONCE"))
+    shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (49152, 576), (128256, 4096)]
+    if once:
+        shapes = [(14336, 4096)]
+    rng = np.random.default_rng(5)
+    scales = {Q8_0: (0,), Q4_0: (0,), Q4_1: (0, 2), Q6_K: (208,)}
+    rd = fn("readx_4")
+    sink = rt.alloc(16)
+    for M, K in shapes:
+        print(f"quantized mat-vec [{M} x {K}] x 1 column")
+        rows = []
+        for dt in (Q4_0, Q4_1, Q8_0, Q6_K):
+            if K % dt.block_size:
+                continue
+            nblk = M * K // dt.block_size
+            raw = rng.integers(0, 256, (nblk, dt.size), dtype=np.uint8)
+            for off in scales[dt]:
+                raw[:, off:off + 2] = np.full(nblk, 2.0 ** -8, np.float16).view(np.uint8).reshape(nblk, 2)
+            ncopy = 1 if once else max(1, -(-120_000_000 // raw.nbytes))
+            bufs = [buf(raw) for _ in range(ncopy)]
+            x = rng.standard_normal(K).astype(np.float32)
+            xb, yb = buf(x), rt.alloc(M * 4)
+            nbytes = raw.nbytes + 4 * K + 4 * M
+            ref = None
+            if M * K <= 60_000_000:
+                ref = gq.dequantize(raw.reshape(-1), dt).reshape(M, K).astype(np.float64) @ x.astype(np.float64)
+
+            def err() -> float:
+                if ref is None:
+                    return float("nan")
+                y = read(yb, np.float32, M).astype(np.float64)
+                return float(np.sum((y - ref) ** 2) / np.sum(ref ** 2))
+
+            grid = -(-M // blocks.matvec_rows(dt, K, 1))
+            for qx in (("_qx", "") if dt in blocks.QX_TYPES else ("",)):
+                name = f"mul_mat_vec1_{dt.name}_f32{qx}"
+                f = fn(name, "quant.cu")
+                if not once:
+                    regs = check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, f), "attr")[0]
+                    local = check(cu.cuFuncGetAttribute(
+                        cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f), "attr")[0]
+                    print(f"  {name}: {regs} registers, {local} bytes local")
+                args = [Args().ptr(b.ptr).i64(K // dt.block_size * dt.size).ptr(xb.ptr).i64(K).ptr(yb.ptr)
+                        .i64(M).ptr(0).i64(0).i64(M).i64(K).i32(1) for b in bufs]
+                k = [0]
+
+                def run() -> None:
+                    launch(f, (grid,), (blocks.MV_THREADS,), args[k[0] % ncopy])
+                    k[0] += 1
+                if once:
+                    run()
+                    continue
+                t = timeit(run)
+                launch(f, (grid,), (blocks.MV_THREADS,), args[0])
+                rows.append((f"{dt.name}{qx} grid {grid}", t, nbytes, err()))
+            n16 = raw.nbytes // 16
+            rargs = [Args().ptr(b.ptr).i64(n16).ptr(sink.ptr) for b in bufs]
+            k2 = [0]
+
+            def rrun() -> None:
+                launch(rd, (SM * 8,), (256,), rargs[k2[0] % ncopy])
+                k2[0] += 1
+            if once:
+                rrun()
+            else:
+                rows.append((f"{dt.name} bytes: plain read", timeit(rrun), nbytes, float("nan")))
+            del bufs
+        if rows:
+            report(rows, roof)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ like step_costs.py but for `gg.load`ed models): the whole plan replayed, then fo
 layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with that step run twice:
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
-    PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1]
+    PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--layer", type=int, default=1)
     ap.add_argument("--n-past", type=int, default=100)
+    ap.add_argument("--total", action="store_true", help="the whole plan's replay only")
     a = ap.parse_args()
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
     dec = m._decoder("argmax")
@@ -46,6 +47,8 @@ def main() -> None:
     full = replay_us(rt, steps, mem, iters=50)
     print(f"{m.name}: {len(steps)} steps, whole plan replayed {full:.1f} us ({1e6 / full:.0f} tokens/s "
           f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")
+    if a.total:
+        return
     print(f"{'#':>3}  {'ops':48} {'kernel':40} {'alone us':>9} {'+1 copy us':>11}")
     total_dup = 0.0
     for i in layer_range(steps, a.layer):
