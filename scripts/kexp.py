@@ -246,12 +246,14 @@ def cpy(roof: float) -> None:
 def quant(roof: float) -> None:
     """gg's one-column quantized mat-vec (kernels/quant.cu, both builds of the QX types) timed by
     graph replay on weight copies that together exceed L2 (each launch reads its bytes from HBM),
-    next to a plain read of as many bytes (the read roof of one launch that size). KEXP_ONCE=1:
-    one launch each, on one shape (for ncu)."""
+    next to a plain read of as many bytes (the read roof of one launch that size). KEXP_BYTES:
+    the copies' total (default 120 MB; a token of an 8B model spreads its weights over GBs, with
+    cold address translations). KEXP_ONCE=1: one launch each, on one shape (for ncu)."""
     from gg import quant as gq
     from gg.backends.cuda.families import blocks
     from gg.dtypes import Q4_0, Q4_1, Q6_K, Q8_0
     once = bool(os.environ.get("KEXP_ONCE"))
+    spread = int(float(os.environ.get("KEXP_BYTES", "120e6")))
     shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (49152, 576), (128256, 4096)]
     if once:
         shapes = [(14336, 4096)]
@@ -269,7 +271,8 @@ def quant(roof: float) -> None:
             raw = rng.integers(0, 256, (nblk, dt.size), dtype=np.uint8)
             for off in scales[dt]:
                 raw[:, off:off + 2] = np.full(nblk, 2.0 ** -8, np.float16).view(np.uint8).reshape(nblk, 2)
-            ncopy = 1 if once else max(1, -(-120_000_000 // raw.nbytes))
+            ncopy = 1 if once else max(1, -(-spread // raw.nbytes))
+            iters = max(20, min(ncopy, 1000))  # launches per timed graph: every copy read once
             bufs = [buf(raw) for _ in range(ncopy)]
             x = rng.standard_normal(K).astype(np.float32)
             xb, yb = buf(x), rt.alloc(M * 4)
@@ -303,7 +306,7 @@ def quant(roof: float) -> None:
                 if once:
                     run()
                     continue
-                t = timeit(run)
+                t = timeit(run, iters)
                 launch(f, (grid,), (blocks.MV_THREADS,), args[0])
                 rows.append((f"{dt.name}{qx} grid {grid}", t, nbytes, err()))
             n16 = raw.nbytes // 16
@@ -316,7 +319,7 @@ def quant(roof: float) -> None:
             if once:
                 rrun()
             else:
-                rows.append((f"{dt.name} bytes: plain read", timeit(rrun), nbytes, float("nan")))
+                rows.append((f"{dt.name} bytes: plain read", timeit(rrun, iters), nbytes, float("nan")))
             del bufs
         if rows:
             report(rows, roof)
