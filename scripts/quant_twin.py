@@ -25,13 +25,14 @@ def main() -> int:
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(out, "llama")
     for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
             continue
         vtype = field.types[0]
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
         else:
             w.add_key_value(key, field.contents(), vtype)
+    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{kind.upper()}"])
     rng = np.random.default_rng(0)
     plan = []
     for t in r.tensors:
