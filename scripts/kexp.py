@@ -272,7 +272,7 @@ def quant(roof: float) -> None:
             for off in scales[dt]:
                 raw[:, off:off + 2] = np.full(nblk, 2.0 ** -8, np.float16).view(np.uint8).reshape(nblk, 2)
             ncopy = 1 if once else max(1, -(-spread // raw.nbytes))
-            iters = max(20, min(ncopy, 1000))  # launches per timed graph: every copy read once
+            iters = max(20, min(ncopy, 1000))  # launches per timed graph: each copy once (up to 1000)
             bufs = [buf(raw) for _ in range(ncopy)]
             x = rng.standard_normal(K).astype(np.float32)
             xb, yb = buf(x), rt.alloc(M * 4)
