@@ -13,6 +13,9 @@
 #   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
 #                                       and llama.cpp side by side
 #   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
+#   bash scripts/gpu_session.sh twin    a whole decode token replayed on 4-layer llama-3-8B-dims twins
+#                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"), by this
+#                                       tree and by .ab/old if carried (git archive OLD gg | tar -x -C .ab/old)
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -80,5 +83,16 @@ models)
     python3 bench/bench_models.py $W/smol-F16.gguf $W/smol-Q8_0.gguf $W/smol-Q4_1.gguf \
         $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b"; exit 2 ;;
+twin)
+    mkdir -p $W
+    [ -f $W/8b4-F16.gguf ] || python3 .anchors/gen_gguf.py --dims 8b --layers 4 --out $W/8b4-F16.gguf \
+        --tok .anchors/smol_tok_meta.json > /dev/null
+    for q in ${TWIN:-q4_0 q8_0}; do
+        [ -f $W/8b4-$q.gguf ] || python3 scripts/quant_twin.py $W/8b4-F16.gguf $W/8b4-$q.gguf $q > /dev/null
+        for tree in . .ab/old .; do  # this tree twice: the spread of two runs
+            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $W/8b4-$q.gguf --total | tail -1)"
+        done
+    done 2>&1 | tee "$OUT/twin.log"
+    ;;
+*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|twin"; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 """The sibling step's epilogue (gg/graph/fuse.py fuse_epilogues run after gg/graph/siblings.py,
 families/siblings.py SibEpilogue, kernels/siblings.cu SibEpi): llama.cpp's decode block with
 separate Wq, Wk, Wv also ropes q and k and writes K and V into the caches (`cpy` into a view at
-n_past, or `set_rows`) in the one launch of the three products, as gg.llama's stacked wqkv does.
+n_past, or `set_rows`) in the one launch of the three products, as gg.llama's stacked wqkv does;
+with float weights (kernels/siblings.cu) and block-quantized ones (kernels/quant.cu) alike.
 Planning needs no GPU; on a GPU the results are checked against float64 references and, bit for
 bit, against the same plan with the rope and the writes as steps of their own."""
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 import gg
 from gg.backends.cuda.families import siblings
 from reference import ref_mul_mat, ref_rms_norm, ref_rope
-from reference_helpers import nmse
+from reference_helpers import nmse, nmse_vs_reference
+from test_quant_ops import random_weights
 
 cuda = pytest.mark.cuda
 PRODUCTS = ("rms_norm", "mul", "mul_mat", "mul_mat", "mul_mat")
@@ -32,13 +34,19 @@ def _block(ctx, rng, *, K=512, hd=64, nh=6, nkv=2, mode=NEOX, write="cpy", n_dim
     persistent tensor that the K write also writes into (after Wk's rows)."""
     n_dims = hd if n_dims is None else n_dims
     x, nw = ctx.tensor(rand(rng, 1, K) * 3.0), ctx.tensor(rand(rng, K))
-    Wq, Wv = ctx.tensor(rand(rng, nh * hd, K), dtype=wdt), ctx.tensor(rand(rng, nkv * hd, K), dtype=wdt)
+
+    def weights(rows):
+        if wdt.is_quantized:  # random blocks (gg quantizes only Q8_0/Q4_0/Q4_1)
+            return random_weights(rng, wdt, rows, K, ctx)
+        return ctx.tensor(rand(rng, rows, K), dtype=wdt)
+
+    Wq, Wv = weights(nh * hd), weights(nkv * hd)
     if shared_weights:
         Wall = ctx.new_tensor(wdt, (K, 2 * nkv * hd), persistent=True)
         Wall.set(rand(rng, 2 * nkv * hd, K))
         Wk = gg.view_2d(Wall, K, nkv * hd, Wall.nb[1], 0)
     else:
-        Wk = ctx.tensor(rand(rng, nkv * hd, K), dtype=wdt)
+        Wk = weights(nkv * hd)
     h = gg.mul(gg.rms_norm(x, 1e-5), nw)
     pos = ctx.tensor(np.array([n_past], np.int32))
     q = gg.rope(gg.reshape(gg.mul_mat(Wq, h), hd, nh, 1), pos, n_dims, mode=mode)
@@ -90,6 +98,36 @@ def test_products_rope_and_write_in_one_step(rng, mode, write, nkv):
     assert rope_k not in first.exports and rope_k not in plan.alloc.offsets
     assert not any(n in plan.alloc.offsets for n in first.nodes[2:5])
     assert {write_k.root, write_v.root} == {p["K"], p["V"]}
+
+
+QUANT = [gg.Q8_0, gg.Q4_0, gg.Q4_1, gg.Q4_K, gg.Q6_K]
+
+
+@pytest.mark.parametrize("wdt", QUANT)
+@pytest.mark.parametrize("mode", [NORMAL, NEOX])
+def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode):
+    """Block-quantized Wq/Wk/Wv: the quantized sibling mat-vec takes the rope and the writes too.
+    A block holds `per` rows (families/blocks.py matvec_rows: K = 512 gives 16-32, Q6_K 24): NEOX
+    pairs (i, i + 32) of a 64-row head fall in one block as epi_rows lays them out only when per
+    divides head_dim and n_dims; otherwise the rope and the writes stay steps of their own."""
+    g, _ = _block(gg.Context(), rng, wdt=wdt, mode=mode, K=512, hd=64, write="set_rows")
+    first = g.plan.steps[0]
+    assert first.choice.quant and first.choice.per % 2 == 0
+    if mode == NEOX and 64 % first.choice.per:
+        assert first.ops == PRODUCTS and first.kernel.startswith(f"mul_mat_sibq_norm_{wdt.name}_f32")
+        return
+    assert first.ops == PRODUCTS + ("rope", "set_rows", "set_rows", "rope")
+    assert first.kernel.startswith(f"mul_mat_sibq_norm_epi_{wdt.name}_f32")
+
+
+def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng):
+    """K = 576 (SmolLM2): 3 row groups of 8 share a Q4_0 block, 24 rows that do not divide a
+    64-row head: NEOX keeps its rope a step, NORMAL (pairs of adjacent rows) does not."""
+    g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NEOX, K=576, hd=64)
+    assert g.plan.steps[0].choice.per == 24
+    assert g.plan.steps[0].ops == PRODUCTS and any(s.ops == ("rope",) for s in g.plan.steps)
+    g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NORMAL, K=576, hd=64)
+    assert g.plan.steps[0].ops == PRODUCTS + ("rope", "cpy", "cpy", "rope")
 
 
 def test_the_forms_of_issue_20_are_three_steps():
@@ -174,8 +212,10 @@ def test_rope_of_rows_at_an_odd_offset_stays_a_step(rng):
 def test_the_launch_fits_the_kernel_signature(rng):
     from test_kernel_contract import _lowered, mismatch
     graphs = [_block(gg.Context(), rng, mode=m, write=w, wdt=t)[0]
-              for m, w, t in ((NORMAL, "cpy", gg.F16), (NEOX, "set_rows", gg.F32), (NEOX, "cpy", gg.BF16))]
-    assert all(_epi_step(g.plan).kernel.startswith("mul_mat_sib_norm_epi_") for g in graphs)
+              for m, w, t in ((NORMAL, "cpy", gg.F16), (NEOX, "set_rows", gg.F32), (NEOX, "cpy", gg.BF16),
+                              (NEOX, "cpy", gg.Q4_0), (NORMAL, "set_rows", gg.Q6_K))]
+    assert all(_epi_step(g.plan).kernel.startswith(("mul_mat_sib_norm_epi_", "mul_mat_sibq_norm_epi_"))
+               for g in graphs)
     rt, records = _lowered(graphs)
     assert any("_epi_" in r.name for r in records)
     problems = [m for r in records if (m := mismatch(rt, r))]
@@ -233,6 +273,41 @@ def test_matches_reference_and_the_steps_apart(rng, monkeypatch, mode, write, wd
     monkeypatch.setattr(siblings, "EPILOGUE_OPS", ())
     g2 = gg.build_forward(*g.outputs, backends=("cuda", "cpu"))
     assert [s.ops for s in g2.plan.steps][:2] == [PRODUCTS, ("rope",)]
+    apart = _run(g2, p)
+    for a, b in zip(got, apart):
+        assert np.array_equal(a, b)
+
+
+@cuda
+@pytest.mark.parametrize("wdt,mode,write,hd,n_dims,nh,nkv,K", [
+    (gg.Q4_0, NEOX, "cpy", 128, 128, 4, 2, 1024),      # 8 rows a block: pair slots 4 at a time
+    (gg.Q4_0, NORMAL, "set_rows", 64, 64, 6, 2, 576),  # 3 row groups a block (K / 8 = 72 threads each)
+    (gg.Q4_1, NEOX, "set_rows", 64, 32, 4, 4, 512),    # rope of half of each head
+    (gg.Q8_0, NEOX, "cpy", 64, 64, 8, 1, 512),         # 4 rows a block, MQA
+    (gg.Q8_0, NORMAL, "cpy", 48, 48, 6, 3, 320),
+    (gg.Q4_K, NEOX, "set_rows", 64, 64, 4, 2, 512),
+    (gg.Q6_K, NORMAL, "cpy", 96, 96, 3, 1, 768),        # 6 rows a block
+])
+def test_quantized_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, mode, write, hd, n_dims, nh, nkv, K):
+    ctx = gg.Context()
+    g, p = _block(ctx, rng, mode=mode, write=write, wdt=wdt, hd=hd, n_dims=n_dims, nh=nh, nkv=nkv, n_past=17,
+                  K=K)
+    K0, V0 = _caches(p)
+    assert g.plan.steps[0].kernel.startswith("mul_mat_sibq_norm_epi_")
+    got = _run(g, p)
+    q, k, v = _reference(p)
+    bound = nmse_vs_reference(g)
+    assert nmse(got[0], q) <= bound
+    for cache, before, want in ((got[1], K0, k), (got[2], V0, v)):
+        assert nmse(cache[:, 17].astype(np.float64), want) <= max(bound, 1e-5)  # F16 caches
+        keep = np.ones(cache.shape[1], bool)
+        keep[17] = False
+        assert np.array_equal(cache[:, keep], before[:, keep])
+
+    p["K"].set(K0.reshape(p["K"].numpy().shape)), p["V"].set(V0.reshape(p["V"].numpy().shape))
+    monkeypatch.setattr(siblings, "EPILOGUE_OPS", ())
+    g2 = gg.build_forward(*g.outputs, backends=("cuda", "cpu"))
+    assert g2.plan.steps[0].kernel.startswith("mul_mat_sibq_norm_") and g2.plan.steps[0].ops == PRODUCTS
     apart = _run(g2, p)
     for a, b in zip(got, apart):
         assert np.array_equal(a, b)

@@ -20,7 +20,7 @@ from pathlib import Path
 from ...errors import CompileError
 
 KERNEL_DIR = Path(__file__).with_name("kernels")
-HEADERS = ("common.cuh",)
+HEADERS = ("common.cuh", "epilogue.cuh")
 OPTIONS = ("--std=c++17", "-lineinfo", "--device-as-default-execution-space")
 _MAGIC = b"GGCUBIN1"
 _memory: dict[str, bytes] = {}

@@ -349,7 +349,7 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
 
 
 def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
-    if len(nodes) == 3 and srcs(nodes[2])[0].dtype.is_quantized:  # no epilogue for quantized weights yet
+    if len(nodes) >= 3 and srcs(nodes[2])[0].dtype.is_quantized:  # the quantized sibling kernel, one product
         return siblings.choose_quant_norm(nodes, srcs)
     threads = _norm_head_threads(nodes, srcs) if len(nodes) >= 3 else 0
     if not threads:

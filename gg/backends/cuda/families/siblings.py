@@ -36,9 +36,10 @@ ACTIVATIONS = ("silu", "gelu")
 # (bench_siblings: Q8_0 gate/up 14336 x 4096 with the norm 84.1 us, without 72.2; Q4_0 q/k/v
 # 15.4 vs 13.5). Above this the planner keeps the norm as its own step (its next choice).
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
+_EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
 DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_THREADS": THREADS,
-                           "SIB_BATCH": BATCH,
-                           "SIB_ROPES": 2, "SIB_WRITES": 2}}  # the epilogue's EPI_ROPES, EPI_WRITES (below)
+                           "SIB_BATCH": BATCH, **_EPI_DEFINES},
+           "quant.cu": _EPI_DEFINES}
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,13 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
 
 
 def choose_quant_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
-    """matmul's `rms_norm -> mul -> mul_mat` with block-quantized weights (a stacked QKV): the
-    quantized sibling kernel with one product."""
+    """matmul's `rms_norm -> mul -> mul_mat` with block-quantized weights (a stacked QKV), and the
+    rope and cache writes of its epilogue if the group has them: the quantized sibling kernel
+    with one product."""
     k = _choose(True, 1, "", nodes[:3], srcs)
-    return k if isinstance(k, Siblings) and k.quant else None
+    if not isinstance(k, Siblings) or not k.quant:
+        return None
+    return k if len(nodes) == 3 else _with_epilogue(k, nodes[2:3], nodes[3:], srcs)
 
 
 def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
@@ -184,9 +188,9 @@ def variants() -> list[Variant]:
 # writes (`cpy` into a cache view, or `set_rows`). Groups:
 #   [rms_norm, mul,] mul_mat x N, then rope / cpy / set_rows (at most EPI_ROPES and EPI_WRITES)
 EPILOGUE_OPS = ("rope", "cpy", "set_rows")
-EPI_ROPES = 2      # kernels/siblings.cu SIB_ROPES: q and k
-EPI_WRITES = 2     # kernels/siblings.cu SIB_WRITES: K and V
-_ROPE_WORDS, _WRITE_WORDS = 9, 24  # kernels/siblings.cu SibRope, SibWrite
+EPI_ROPES = _EPI_DEFINES["SIB_ROPES"]    # q and k
+EPI_WRITES = _EPI_DEFINES["SIB_WRITES"]  # K and V
+_ROPE_WORDS, _WRITE_WORDS = 9, 24  # kernels/epilogue.cuh SibRope, SibWrite
 
 
 @dataclass(frozen=True)
@@ -194,8 +198,9 @@ class SibEpilogue(Siblings):
     """A sibling step with its epilogue, decided at plan time. A rope is (member, lo, n, head_dim,
     n_dims, neox, table offset in doubles) over the member's rows [lo, lo + n); a write is (member,
     rope index or -1 for raw rows, lo, n, ne0, div (3), ne (3), byte strides (4) of the destination,
-    idx byte strides (3), idx ne1 and ne2, destination rows, set_rows): see kernels/siblings.cu
-    SibWrite for what the numbers mean."""
+    idx byte strides (3), idx ne1 and ne2, destination rows, set_rows): see kernels/epilogue.cuh
+    SibWrite for what the numbers mean. Float weights (siblings.cu) and block-quantized ones
+    (quant.cu mul_mat_sibq_*_epi_*) alike."""
 
     ropes: tuple[tuple[int, ...], ...] = ()
     writes: tuple[tuple[int, ...], ...] = ()
@@ -224,9 +229,11 @@ def _member_rows(t: Tensor, roots: Sequence[Tensor]) -> tuple[int, int, int] | N
     return k, t.view_offs // F32.size, t.nelements
 
 
-def _epi_rope(rope: Tensor, prods: Sequence[Tensor], srcs: Srcs, table: int) -> tuple[int, ...] | None:
-    """A rope of one token's heads over contiguous rows of a product: the rotated pairs must be
-    a block's two rows (lo, head_dim and n_dims even; blocks start at even member rows)."""
+def _epi_rope(rope: Tensor, prods: Sequence[Tensor], srcs: Srcs, table: int, per: int) -> tuple[int, ...] | None:
+    """A rope of one token's heads over contiguous rows of a product, whose rotated pairs fall in
+    one block of `per` rows (an even number; blocks start at multiples of it): NORMAL's (2i, 2i +
+    1) when lo, head_dim and n_dims are even; NEOX's (i, i + n_dims/2) when per also divides
+    head_dim, n_dims and lo (kernels/epilogue.cuh epi_rows gives a block both halves' rows)."""
     x, pos = srcs(rope)
     found = _member_rows(x, prods)
     p = rope.params
@@ -235,7 +242,9 @@ def _epi_rope(rope: Tensor, prods: Sequence[Tensor], srcs: Srcs, table: int) -> 
         return None
     member, lo, n = found
     hd = x.ne[0]
-    if lo % 2 or hd % 2 or p.n_dims % 2:
+    if lo % 2 or hd % 2 or p.n_dims % 2 or per % 2:
+        return None
+    if p.mode == ROPE_NEOX and (hd % per or p.n_dims % per or lo % per):
         return None
     return member, lo, n, hd, p.n_dims, int(p.mode == ROPE_NEOX), table
 
@@ -281,18 +290,23 @@ def _choose_epi(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> Ke
     if cut is None:
         return None
     k = choose(ops[:cut], nodes[:cut], srcs)
-    if not isinstance(k, Siblings) or k.act or k.quant or k.per != 2 or k.file != "siblings.cu":
+    if not isinstance(k, Siblings):
         return None
-    start = 2 if k.norm else 0
-    prods = nodes[start:cut]
-    if any(mm.ne[1:] != (1, 1, 1) for mm in prods):
+    return _with_epilogue(k, nodes[2 if k.norm else 0:cut], nodes[cut:], srcs)
+
+
+def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+    """k (the products' step) that also does the `tail` of ropes and writes, or None."""
+    if k.act or not k.quant and k.per != 2 or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
         return None
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
     tbytes = 0
-    for node in nodes[cut:]:
+    for node in tail:
+        if node.op not in EPILOGUE_OPS:
+            return None
         if node.op == "rope":
-            r = _epi_rope(node, prods, srcs, tbytes // 8)
+            r = _epi_rope(node, prods, srcs, tbytes // 8, k.per)
             if r is None or len(ropes) == EPI_ROPES or any(o[0] == r[0] for _, o in ropes):
                 return None
             ropes.append((node, r))
@@ -302,9 +316,9 @@ def _choose_epi(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> Ke
             if w is None or len(writes) == EPI_WRITES:
                 return None
             writes.append(w)
-    prefix = "mul_mat_sib" + ("_norm" if k.norm else "")
+    prefix = ("mul_mat_sibq" if k.quant else "mul_mat_sib") + ("_norm" if k.norm else "")
     return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):], k.rows, k.norm, "", k.threads, k.per,
-                       ropes=tuple(r for _, r in ropes), writes=tuple(writes), table=tbytes)
+                       k.quant, ropes=tuple(r for _, r in ropes), writes=tuple(writes), table=tbytes)
 
 
 def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
@@ -326,4 +340,6 @@ def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
 
 
 def _epi_variants() -> list[Variant]:
-    return [Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32") for a in FLOAT_NAMES for norm in ("", "_norm")]
+    return ([Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32") for a in FLOAT_NAMES for norm in ("", "_norm")]
+            + [Variant("quant.cu", f"mul_mat_sibq{norm}_epi_{t.name}_f32{qx}") for t in blocks.TYPES
+               for norm in ("", "_norm") for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES])

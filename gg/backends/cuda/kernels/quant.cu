@@ -11,7 +11,7 @@
 // Dequantization is bit-identical to gg.quant.dequantize (and gguf's numpy code): each value is
 // computed with the same float32 operations in the same order, every rounding explicit (__fmul_rn
 // and __fadd_rn are never contracted into an FMA). The mat-vec uses FMAs (F32 accumulation).
-#include "common.cuh"
+#include "epilogue.cuh"
 
 typedef unsigned char u8;
 
@@ -613,21 +613,31 @@ template <int ACT> __device__ __forceinline__ float mv_act(float v) {
 // written: the planner's mul_mat + add of a residual connection, one launch and one pass less.
 // SIB: `blk` is the block's index among the product's blocks (a sibling launch runs several
 // products), else blockIdx.x.
-template <class Q, int R, int NMAX, int AL, bool SIB, bool NORM, int ACT, bool QX = false>
+// EPI (sibling builds only): the rows go through the epilogue (epilogue.cuh) instead of into y: the
+// block takes the rows epi_rows gives it, so that every rope pair is two of its rows.
+template <class Q, int R, int NMAX, int AL, bool SIB, bool NORM, int ACT, bool QX = false, bool EPI = false>
 __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                        i64 y_stride, const float* res, i64 res_stride, i64 n_rows, int K, int ncols,
-                                       u8* smem, float* tab, float* fin, i64 blk, const MvExtra& e) {
+                                       u8* smem, float* tab, float* fin, i64 blk, const MvExtra& e,
+                                       const SibEpi* epi = nullptr, int member = 0) {
     typedef MV<Q> T;
     constexpr int NT = QUANT_MV_THREADS, S = QUANT_MV_STAGES, STAGE = MvGeom<Q>::stage_bytes(R);
     static_assert(ACT == MV_ACT_NONE || (R % 2 == 0 && NMAX == 1), "SwiGLU: gate and up rows in pairs, one column");
     static_assert(!NORM || NMAX == 1, "the norm prologue takes one column");
     static_assert(!QX || NMAX == 1, "quantized activations: one column");
+    static_assert(!EPI || (SIB && ACT == MV_ACT_NONE), "the epilogue follows plain sibling products");
+    constexpr bool SPLIT = ACT != MV_ACT_NONE || EPI;  // block rows in two runs (rowp below)
     const int tid = threadIdx.x;
     const int tpr = max(1, min(NT, K / QUANT_MV_ITEM)), slots = min(QUANT_MV_SLOTS, NT / tpr);
     const int rb = slots * R, ob = ACT ? rb / 2 : rb;  // weight rows, output rows per block
-    const i64 r0 = (SIB ? blk : (i64)blockIdx.x) * ob;
-    if (r0 >= n_rows) return;  // the whole block
-    const int no = (int)min((i64)ob, n_rows - r0), nr = ACT ? 2 * no : no;
+    const i64 b0 = (SIB ? blk : (i64)blockIdx.x) * ob;
+    if (b0 >= n_rows) return;  // the whole block
+    const int no = (int)min((i64)ob, n_rows - b0), nr = ACT ? 2 * no : no;
+    // Block row j is row r0 + j, `up` bytes further for j >= split: SwiGLU's up rows (split = no),
+    // or EPI's second run of rope partners (epi_rows).
+    i64 r0 = b0, jump = 0;
+    int split = no;
+    if constexpr (EPI) epi_rows(*epi, member, b0, ob, r0, split, jump);
     if (K <= 0) {  // empty rows: every sum is 0 (the sibling kernels never get K = 0)
         const int N0 = NMAX == 1 ? 1 : ncols;
         for (int e = tid; e < nr * N0; e += NT)
@@ -642,12 +652,12 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     const char* wb = w + r0 * w_nb1;
     // ACT: up's row i (the block's row no + i) lies `up` bytes past where gate's row no + i would
     // (the host gives both the same row stride): one extra register, not a second row walk
-    const i64 up = ACT ? (i64)(e.w2 - w) - (i64)no * w_nb1 : 0;
+    const i64 up = ACT ? (i64)(e.w2 - w) - (i64)no * w_nb1 : jump * w_nb1;
     // a row's offset from the 16-byte boundary below it (chunks are whole vectors: every chunk's too)
     const unsigned wlo = (unsigned)(unsigned long long)wb, nblo = (unsigned)w_nb1;
-    auto rowp = [&](int j) -> const char* { return wb + (i64)j * w_nb1 + (j < no ? 0 : up); };
+    auto rowp = [&](int j) -> const char* { return wb + (i64)j * w_nb1 + (j < split ? 0 : up); };
     auto rowoff = [&](int j) -> unsigned {
-        if constexpr (ACT != MV_ACT_NONE) return (wlo + (unsigned)j * nblo + (j < no ? 0u : (unsigned)up)) & 15u;
+        if constexpr (SPLIT) return (wlo + (unsigned)j * nblo + (j < split ? 0u : (unsigned)up)) & 15u;
         else return (wlo + (unsigned)j * nblo) & 15u;
     };
     const bool xvec =
@@ -666,7 +676,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
         for (int v = tid; v < nr * nv; v += NT) {
             const int j = fdiv(v, rnv), k = v - j * nv;
             const char* p;  // (the plain mat-vec's code exactly: its registers are tuned)
-            if constexpr (ACT != MV_ACT_NONE) p = rowp(j) + (i64)c * cbytes;
+            if constexpr (SPLIT) p = rowp(j) + (i64)c * cbytes;
             else p = wb + (i64)j * w_nb1 + (i64)c * cbytes;
             const int off = (int)((unsigned long long)p & 15u);
             const int have = off + bytes - 16 * k;
@@ -778,7 +788,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
                 for (int t = lane; t < tpr; t += 32) v += pr[t];
                 v = warp_sum(v);
                 if constexpr (NORM) v *= scale;
-                if constexpr (ACT != MV_ACT_NONE) {
+                if constexpr (SPLIT) {
                     if (lane == 0) fin[j] = v;
                 } else if (lane == 0) {
                     y[n * y_stride + r0 + j] = res ? v + res[n * res_stride + r0 + j] : v;
@@ -790,28 +800,39 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
+    if constexpr (EPI) {  // y: the product's own rows (null: nobody reads them after the step)
+        for (int j = tid; j < nr; j += NT) {
+            bool second;
+            const int pj = epi_partner(j, split, ob, second);
+            const float v = fin[j], o = pj < nr ? fin[pj] : 0.0f;  // no partner: the row is not roped
+            const i64 m = r0 + j + (j < split ? 0 : jump);
+            sib_epilogue(*epi, member, y ? (char*)(y + m) : nullptr, m, v, second ? o : v, second ? v : o, second);
+        }
+    }
 }
 
-template <class Q, int R, int NMAX, bool SIB = false, bool NORM = false, int ACT = MV_ACT_NONE, bool QX = false>
+template <class Q, int R, int NMAX, bool SIB = false, bool NORM = false, int ACT = MV_ACT_NONE, bool QX = false,
+          bool EPI = false>
 __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                                  i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,
-                                                 int ncols, i64 blk, const MvExtra& e) {
+                                                 int ncols, i64 blk, const MvExtra& e, const SibEpi* epi = nullptr,
+                                                 int member = 0) {
     constexpr int STAGE = MvGeom<Q>::stage_bytes(R);
     static_assert(QUANT_MV_STAGES * STAGE >= (R + NORM) * QUANT_MV_THREADS * 4, "the row sums reuse the stages");
     __shared__ __align__(16) u8 smem[QUANT_MV_STAGES * STAGE];
     __shared__ __align__(16) float tab[MV<Q>::TAB > 0 ? R * (MV_CHUNK / 256) * 16 : 4];
-    __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MV_SLOTS * R : 1];
+    __shared__ float fin[ACT != MV_ACT_NONE || EPI ? QUANT_MV_SLOTS * R : 1];
     unsigned long long a = (unsigned long long)w | (unsigned long long)w_nb1;
     if (ACT != MV_ACT_NONE) a |= (unsigned long long)e.w2;
     if ((a & 3) == 0)
-        mv_run<Q, R, NMAX, 2, SIB, NORM, ACT, QX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
-                                         smem, tab, fin, blk, e);
+        mv_run<Q, R, NMAX, 2, SIB, NORM, ACT, QX, EPI>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows,
+                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
     else if ((a & 1) == 0)
-        mv_run<Q, R, NMAX, 1, SIB, NORM, ACT, QX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
-                                         smem, tab, fin, blk, e);
+        mv_run<Q, R, NMAX, 1, SIB, NORM, ACT, QX, EPI>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows,
+                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
     else
-        mv_run<Q, R, NMAX, 0, SIB, NORM, ACT, QX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, (int)ne0, ncols,
-                                         smem, tab, fin, blk, e);
+        mv_run<Q, R, NMAX, 0, SIB, NORM, ACT, QX, EPI>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows,
+                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
 }
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
@@ -819,7 +840,8 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
 // grid is the products' blocks one after another (QSibMember.block0: a product's first block),
 // each block the one-column mat-vec above over its product's rows (NORM: x normalized on the way
 // in; ACT: two products, gate and up, a block takes the same rows of both and writes act(g) * u
-// to the gate entry's `out`). All fields 8 bytes: the host packs the set as words.
+// to the gate entry's `out`; EPI: every row through the epilogue of epilogue.cuh, rope(q), rope(k)
+// and the K/V cache writes). All fields 8 bytes: the host packs the set as words.
 struct QSibMember {
     const char* a;  // the weights: rows of K elements, nb1 bytes apart
     i64 nb1;
@@ -832,17 +854,23 @@ struct QSibSet {
     QSibMember m[QUANT_SIB_MAX];
 };
 
-template <class Q, bool NORM, int ACT, bool QX = false>
-__device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps) {
+template <class Q, bool NORM, int ACT, bool QX = false, bool EPI = false>
+__device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps,
+                                          const SibEpi* epi = nullptr) {
     // the block's product, with constant indices only (a parameter indexed at run time is copied
     // to local memory first)
     QSibMember p = s.m[0];
+    int member = 0;
 #pragma unroll
-    for (int i = 1; i < QUANT_SIB_MAX; ++i)
-        if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) p = s.m[i];
+    for (int i = 1; i < QUANT_SIB_MAX; ++i) {
+        if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) {
+            p = s.m[i];
+            member = i;
+        }
+    }
     const MvExtra e{nw, eps, ACT != MV_ACT_NONE ? s.m[1].a : nullptr};
-    mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT, QX>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows, s.K, 1,
-                                                   (i64)blockIdx.x - p.block0, e);
+    mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT, QX, EPI>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows,
+                                                                  s.K, 1, (i64)blockIdx.x - p.block0, e, epi, member);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
@@ -853,8 +881,17 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
         gg_grid_sync();                                                                                           \
         sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps);                                                               \
     }
-// Every sibling build of a type: without/with the norm, plain, SwiGLU and GeGLU.
+// mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi): with the epilogue (epilogue.cuh).
+#define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
+        mul_mat_sibq##NAME##_epi_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, SibEpi epi) { \
+        gg_grid_sync();                                                                                           \
+        sibq_impl<Q, NORM, MV_ACT_NONE, QX, true>(s, x, nw, eps, &epi);                                            \
+    }
+// Every sibling build of a type: without/with the norm, plain, SwiGLU and GeGLU, with the epilogue.
 #define GG_SIBQ_SET(Q, S, QX, SUF)                                                                                \
+    GG_SIBQ_EPI(Q, S, false, QX, , SUF)                                                                           \
+    GG_SIBQ_EPI(Q, S, true, QX, _norm, SUF)                                                                       \
     GG_SIBQ_X(Q, S, false, MV_ACT_NONE, QX, , SUF)                                                                \
     GG_SIBQ_X(Q, S, true, MV_ACT_NONE, QX, _norm, SUF)                                                            \
     GG_SIBQ_X(Q, S, false, MV_ACT_SILU, QX, _silu, SUF)                                                           \

@@ -15,12 +15,12 @@
 //
 // EPI (the planner's epilogue fusion over a sibling step: llama.cpp's separate Wq/Wk/Wv of a decode
 // token with rope(q), rope(k) and the K/V cache writes): each finished row also goes through
-// sib_epilogue below, and a product with no reader after the step is never stored. A rotated
-// pair is always the block's two rows: NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway; NEOX's
-// (i, i + n_dims/2) are given to the block of pair slot i by sib_rows (as mul_mat.cu's mv_rows).
+// sib_epilogue (epilogue.cuh), and a product with no reader after the step is never stored. A
+// rotated pair is always the block's two rows: NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway;
+// NEOX's (i, i + n_dims/2) are given to the block of pair slot i by sib_rows (epi_rows).
 // SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES come from
 // the host (families/siblings.py, as -D).
-#include "common.cuh"
+#include "epilogue.cuh"
 
 // All fields 8 bytes: the host packs the set as words.
 struct SibMember {
@@ -65,90 +65,12 @@ __device__ __forceinline__ SibPick sib_pick(const SibSet& s, int per_block) {
     return p;
 }
 
-// ---- the epilogue (all fields 8 bytes: the host packs it as words) ----
-// A rope of member rows [lo, lo + n) in heads of hd into `out` (null: read inside the step only).
-struct SibRope {
-    char* out;
-    const char* pos;
-    const double* freqs;
-    i64 member, lo, n, hd, n_dims, neox;
-};
-// A cache write of member rows [lo, lo + n), raw or as rope `rope` made them (-1: raw). Element u
-// of the range is (c, i1, i2, i3) of the written tensor: c = u % ne0, i_k = (u / ne0 / div[k]) %
-// ne[k]. It goes to dst + c*nb[0] + row*nb[1] + i2*nb[2] + i3*nb[3], row = i1 (a cpy) or
-// idx[i1, i2 % ine[0], i3 % ine[1]] (a set_rows; out of [0, nrows): nothing written, `code`
-// reported through `err`, as rows.cu's set_rows does).
-struct SibWrite {
-    char* dst;
-    const char* idx;
-    i64 member, rope, lo, n, ne0, div[3], ne[3], nb[4], inb[3], ine[2], nrows, dt;
-};
-struct SibEpi {
-    SibRope r[SIB_ROPES];
-    SibWrite w[SIB_WRITES];
-    int* err;
-    i64 code;
-};
-
-// The rows (r0, r0 + dr) of the block of member rows from m0 (even): see EPI above.
+// The rows (r0, r0 + dr) of the block of member rows from m0 (even): epi_rows' layout for 2 rows.
 __device__ __forceinline__ void sib_rows(const SibEpi& e, int member, i64 m0, i64& r0, i64& dr) {
-#pragma unroll
-    for (int k = 0; k < SIB_ROPES; ++k) {
-        const SibRope& r = e.r[k];
-        const i64 j = m0 - r.lo;
-        if (r.n && r.member == member && r.neox && j >= 0 && j < r.n) {
-            const int c = (int)j % (int)r.hd;  // 32-bit: a 64-bit modulo is a long software routine
-            if (c < (int)r.n_dims) {
-                r0 = m0 - c + c / 2;
-                dr = r.n_dims / 2;
-            }
-        }
-    }
-}
-
-// Member row m's value v (x0, x1: the raw values of its rope pair; second: m is the pair's second).
-__device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* raw, i64 m, float v, float x0,
-                                             float x1, bool second) {
-    if (raw) *(float*)raw = v;
-    float roped[SIB_ROPES];
-#pragma unroll
-    for (int k = 0; k < SIB_ROPES; ++k) {
-        const SibRope& r = e.r[k];
-        const i64 j = m - r.lo;
-        roped[k] = v;
-        if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
-        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
-        if (c < (int)r.n_dims) {
-            // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
-            const double f = r.freqs[r.neox ? (c < half ? c : c - half) : c / 2];
-            float sn, cs;
-            rope_sincos((double)*(const int*)r.pos, f, sn, cs);
-            roped[k] = rope_rotate(x0, x1, sn, cs, second);
-        }
-        if (r.out) *(float*)(r.out + j * (i64)sizeof(float)) = roped[k];
-    }
-#pragma unroll
-    for (int k = 0; k < SIB_WRITES; ++k) {
-        const SibWrite& w = e.w[k];
-        const i64 u = m - w.lo;
-        if (!w.dst || w.member != member || u < 0 || u >= w.n) continue;
-        float y = v;
-#pragma unroll
-        for (int q = 0; q < SIB_ROPES; ++q)
-            if (w.rope == q) y = roped[q];
-        const int c = (int)u % (int)w.ne0, h = (int)u / (int)w.ne0;
-        const int i1 = h / (int)w.div[0] % (int)w.ne[0], i2 = h / (int)w.div[1] % (int)w.ne[1],
-                  i3 = h / (int)w.div[2] % (int)w.ne[2];
-        i64 row = i1;
-        if (w.idx) {
-            row = *(const int*)(w.idx + i1 * w.inb[0] + (i2 % (int)w.ine[0]) * w.inb[1] + (i3 % (int)w.ine[1]) * w.inb[2]);
-            if (row < 0 || row >= w.nrows) {
-                report_error(e.err, (int)e.code);
-                continue;
-            }
-        }
-        st_dt(w.dst + c * w.nb[0] + row * w.nb[1] + i2 * w.nb[2] + i3 * w.nb[3], y, (int)w.dt);
-    }
+    int split;
+    i64 jump;
+    epi_rows(e, member, m0, 2, r0, split, jump);
+    dr = 1 + jump;
 }
 
 // Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read).
