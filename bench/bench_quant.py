@@ -2,10 +2,11 @@
 copy roof on the bytes it must read (the weights' stored bytes + x + y), F16 weights for scale.
 
     PYTHONPATH=. python3 bench/bench_quant.py [--small] [--types q8_0,q4_0,q4_1,q4_k,q6_k,f16] [--cols 1]
-        [--activations both|int8|f32]
+        [--builds all|stream|int8|f32]
 
-One column of Q8_0 / Q4_0 / Q4_1 weights runs either build (`--activations`): int8 activations with
-dp4a (the *_qx kernels, gg's default) or F32 activations; "both" prints the two side by side.
+One column of Q8_0 / Q4_0 / Q4_1 weights runs any of three builds (`--builds`): the streaming
+mat-vec (mul_mat_vecs_*_qx, gg's default), mul_mat_vec1 with int8 activations (dp4a: *_qx) or
+with F32 activations; "all" prints those that differ side by side.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def main() -> int:
     p.add_argument("--small", action="store_true", help="the first three shapes only")
     p.add_argument("--types", default=",".join(TYPES))
     p.add_argument("--cols", type=int, default=1, help="activation columns (1: decode)")
-    p.add_argument("--activations", default="both", choices=("both", "int8", "f32"))
+    p.add_argument("--builds", default="all", choices=("all", "stream", "int8", "f32"))
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if not gg.backends.base.available("cuda"):
@@ -60,18 +61,23 @@ def main() -> int:
                 continue  # a row of 576 is not a whole number of 256-element K-quant blocks
             w = weights(rng, dt, M, K)
             x = gg.tensor(rng.standard_normal((args.cols, K), dtype=np.float32))
-            modes = {"both": (True, False), "int8": (True,), "f32": (False,)}[args.activations]
-            for qx in modes if dt in blocks.QX_TYPES and args.cols == 1 else (blocks.QUANT_ACTIVATIONS,):
-                blocks.QUANT_ACTIVATIONS = qx
+            builds = {"stream": (True, True), "int8": (True, False), "f32": (False, False)}  # (qx, stream)
+            modes = list(builds.values()) if args.builds == "all" else [builds[args.builds]]
+            seen = set()
+            for qx, stream in modes:
+                blocks.QUANT_ACTIVATIONS, blocks.STREAM_MATVEC = qx, stream
                 y = gg.mul_mat(w, x)
                 g = gg.build_forward(y, backends=("cuda",))
+                if g.plan.steps[-1].kernel in seen:
+                    continue
+                seen.add(g.plan.steps[-1].kernel)
                 sec, host = time_gg(g, iters=50)
                 nbytes = w.storage_bytes + 4 * K * args.cols + 4 * M * args.cols
                 rows.append(dict(name=f"gg {name} ({g.plan.steps[-1].kernel})", seconds=sec,
                                  gbps=nbytes / sec / 1e9, ratio=nbytes / sec / roof, host_us=host * 1e6))
-                results[f"{M}x{K}/{name}{'/int8' if g.plan.steps[-1].kernel.endswith('_qx') else ''}"] = rows[-1]
+                results[f"{M}x{K}/{name}/{g.plan.steps[-1].kernel}"] = rows[-1]
                 del g
-            blocks.QUANT_ACTIVATIONS = True
+            blocks.QUANT_ACTIVATIONS, blocks.STREAM_MATVEC = True, True
             del w
         print(table(f"mul_mat [{M} x {K}] x {args.cols} column(s)   (vs roof = bytes read / time / copy roof)", rows))
         print()

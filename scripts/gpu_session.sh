@@ -14,8 +14,10 @@
 #                                       and llama.cpp side by side
 #   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
 #   bash scripts/gpu_session.sh twin    a whole decode token replayed on 4-layer llama-3-8B-dims twins
-#                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"), by this
-#                                       tree and by .ab/old if carried (git archive OLD gg | tar -x -C .ab/old)
+#                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"), by the trees in TREES (this
+#                                       one, .ab/old if carried: git archive OLD gg | tar -x -C .ab/old);
+#                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
+#                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -89,8 +91,12 @@ twin)
         --tok .anchors/smol_tok_meta.json > /dev/null
     for q in ${TWIN:-q4_0 q8_0}; do
         [ -f $W/8b4-$q.gguf ] || python3 scripts/quant_twin.py $W/8b4-F16.gguf $W/8b4-$q.gguf $q > /dev/null
-        for tree in . .ab/old .; do  # this tree twice: the spread of two runs
-            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $W/8b4-$q.gguf --total | tail -1)"
+        for tree in ${TREES:-. .ab/old .}; do  # this tree twice: the spread of two runs
+            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $W/8b4-$q.gguf \
+                $( [ -n "${STEPS:-}" ] || echo --total ) | tail -${STEPS:+30}${STEPS:-1})"
+        done
+        IFS=';'; for flags in ${FLAGS:-}; do unset IFS  # this tree with model_steps.py switches: FLAGS="--no-stream;--no-epilogue"
+            echo "[$flags]: $(python3 scripts/model_steps.py $W/8b4-$q.gguf --total $flags | tail -1)"
         done
     done 2>&1 | tee "$OUT/twin.log"
     ;;

@@ -4,6 +4,7 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N]   (A/B switches of the plan)
 """
 from __future__ import annotations
 
@@ -37,7 +38,19 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=1)
     ap.add_argument("--n-past", type=int, default=100)
     ap.add_argument("--total", action="store_true", help="the whole plan's replay only")
+    ap.add_argument("--no-epilogue", action="store_true", help="rope and KV writes as steps of their own")
+    ap.add_argument("--quant-epilogue", action="store_true", help="the epilogue on quantized weights too")
+    ap.add_argument("--no-stream", action="store_true", help="mul_mat_vec1 for every one-column product")
+    ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     a = ap.parse_args()
+    from gg.backends.cuda.families import blocks, siblings
+    if a.no_epilogue:
+        siblings.EPILOGUE_OPS = ()
+    siblings.QUANT_EPILOGUE = a.quant_epilogue or siblings.QUANT_EPILOGUE
+    if a.no_stream:
+        blocks.STREAM_MATVEC = False
+    if a.min_blocks is not None:
+        blocks.MVS_MIN_BLOCKS = a.min_blocks
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
     dec = m._decoder("argmax")
     dec.run([1], a.n_past)

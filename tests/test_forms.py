@@ -147,12 +147,15 @@ def test_bench_forms_runs_on_cpu(tmp_path):
 # The plans issue 20 asks for, checked without a GPU: every form of the decode block is the three
 # steps of gg.llama's hand-shaped graph (QKV + rope + KV writes, the fused attention, Wo with the
 # residual), every layer five (+ the FFN's normalized gate/up/SwiGLU step and W_down + residual);
-# with block-quantized weights too (the quantized sibling mat-vec's epilogue).
+# with block-quantized weights too when their epilogue is on (siblings.QUANT_EPILOGUE, off by default:
+# measured slower in a whole token).
 EXPECTED_STEPS = {name: (5 if f.ffn else 3) for name, f in F.FORMS.items()}
 
 
 @pytest.mark.parametrize("name", list(F.FORMS))
-def test_every_form_gets_the_fast_cuda_plan(name):
+def test_every_form_gets_the_fast_cuda_plan(name, monkeypatch):
+    from gg.backends.cuda.families import siblings
+    monkeypatch.setattr(siblings, "QUANT_EPILOGUE", True)
     form = F.FORMS[name]
     built = F.build(form, GPU, GPU_N_PAST, *_data(form, GPU), backends=("cuda", "cpu"))
     n, symbols = F.plan_summary(built.graph)

@@ -173,10 +173,13 @@ def test_pipelined_greedy_decode_equals_one_step_at_a_time(tmp_path, rng, backen
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("wt", [Q.Q4_0, Q.Q8_0])
-def test_quantized_decode_on_cuda_matches_reference(tmp_path, rng, wt):
-    """Every layer matrix block-quantized: a decode step's attention input is one step (the
-    stacked q/k/v product normalized on the way in, roped, K and V written: the quantized
-    sibling mat-vec's epilogue), and the logits of decoding match the float64 forward."""
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_quantized_decode_on_cuda_matches_reference(tmp_path, rng, wt, epilogue, monkeypatch):
+    """Every layer matrix block-quantized: the logits of decoding match the float64 forward, with
+    the quantized sibling mat-vec's epilogue on (the stacked q/k/v product normalized on the way
+    in, roped, K and V written in one step) and off (its default)."""
+    from gg.backends.cuda.families import siblings
+    monkeypatch.setattr(siblings, "QUANT_EPILOGUE", epilogue)
     n_vocab = len(byte_vocab()[0])
     dims = dict(n_vocab=n_vocab, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=320)
     w = random_weights(rng, **dims)
@@ -191,7 +194,7 @@ def test_quantized_decode_on_cuda_matches_reference(tmp_path, rng, wt):
     m._prefill(np.asarray(ids[:6], np.int32), "last", "logits")
     dec = m._decoder("logits")
     kernels = [s.kernel for s in dec.graph.plan.steps]
-    assert sum(k.startswith("mul_mat_sibq_norm_epi_") for k in kernels) == dims["n_layer"], kernels
+    assert sum(k.startswith("mul_mat_sibq_norm_epi_") for k in kernels) == dims["n_layer"] * epilogue, kernels
     bound = 5e-4 if wt == Q.Q4_0 else 1e-5  # int8 activations (ggml's bound) / F32 ones, F16 cache
     for i in range(6, 9):
         got = dec.run([ids[i]], m.cache.n_past).reshape(-1)

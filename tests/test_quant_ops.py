@@ -105,15 +105,58 @@ CUDA_CASES = [(33, 512, 1, 1), (96, 4096, 1, 1), (33, 512, 3, 1), (65, 1024, 8, 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt,rows,k,cols,batch", [(dt, *c) for dt in TYPES for c in CUDA_CASES
                                                   if c[1] % dt.block_size == 0])
-@pytest.mark.parametrize("qx", [True, False])
-def test_mul_mat_quantized_cuda(dt, rows, k, cols, batch, rng, qx, monkeypatch):
-    """Both one-column builds: int8 activations (dp4a, NMSE <= 5e-4) and F32 ones (<= 1e-6)."""
+@pytest.mark.parametrize("qx,stream", [(True, True), (True, False), (False, False)])
+def test_mul_mat_quantized_cuda(dt, rows, k, cols, batch, rng, qx, stream, monkeypatch):
+    """Every one-column build: the streaming one and mul_mat_vec1 with int8 activations (dp4a,
+    NMSE <= 5e-4), mul_mat_vec1 with F32 ones (<= 1e-6)."""
     monkeypatch.setattr(blocks, "QUANT_ACTIVATIONS", qx)
+    monkeypatch.setattr(blocks, "STREAM_MATVEC", stream)
     w, xa, y = _mul_mat_case(rng, dt, rows, k, cols, batch)
     g = gg.build_forward(y, backends=("cuda",))
-    assert g.plan.steps[-1].backend == "cuda" and dt.name in g.plan.steps[-1].kernel
-    assert g.plan.steps[-1].kernel.endswith("_qx") == (qx and cols * batch == 1 and dt in blocks.QX_TYPES)
+    kernel = g.plan.steps[-1].kernel
+    assert g.plan.steps[-1].backend == "cuda" and dt.name in kernel
+    one = cols * batch == 1
+    assert kernel.startswith("mul_mat_vecs") == (one and stream and dt in blocks.STREAM_TYPES)
+    assert kernel.endswith("_qx") == (qx and one and dt in blocks.QX_TYPES + blocks.STREAM_TYPES * stream)
     _check_mul_mat(w, xa, y, ("cuda",))
+
+
+@pytest.mark.parametrize("rows,k,R,slots", [(4500, 4096, 16, 1), (3000, 4096, 8, 1), (200, 4096, 4, 1),
+                                           (9000, 160, 4, 8), (49152, 576, 16, 7)])
+def test_streaming_matvec_rows_per_block(rows, k, R, slots):
+    """The largest R that still gives blocks.MVS_MIN_BLOCKS blocks (else the smallest); short rows
+    (K / 32 < MVS_THREADS) put row groups side by side."""
+    w = gg.new_tensor(gg.Q4_0, (k, rows))
+    assert blocks.matvec1_symbol(w) == f"mul_mat_vecs{R}_q4_0_f32_qx"
+    grid, block, smem = blocks.vecs_launch(gg.Q4_0, rows, k)
+    assert grid[0] == -(-rows // (R * slots)) and block == (blocks.MVS_THREADS, 1, 1) and smem >= 4 * R * block[0]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", blocks.STREAM_TYPES)
+@pytest.mark.parametrize("rows,k,lo,xoff,res", [(40, 32, 0, 0, False), (17, 4128, 3, 1, True), (50, 14336, 1, 0, True),
+                                                 (33, 576, 2, 3, False), (300, 4096, 0, 0, True),
+                                                 (4500, 4096, 1, 0, True), (3000, 4096, 0, 1, False),
+                                                 (9000, 160, 0, 0, False)])
+def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng):
+    """mul_mat_vecs<R>_*: one block and a partial last chunk (K = 32, 4128), rows that start off a
+    16-byte boundary (a view from row `lo`; K = 576), an x not 16-byte aligned (`xoff` floats into
+    a row), the residual added as it writes, every R of blocks.MVS_ROWS (4500 rows take 16, 3000
+    rows 8, 9000 rows of 5 blocks 4 in 8 groups a block); NMSE against float64 within ggml's bound."""
+    ctx = gg.Context()
+    w_all = random_weights(rng, dt, rows + lo, k, ctx)
+    w = gg.view_2d(w_all, k, rows, w_all.nb[1], lo * w_all.nb[1])
+    xa = rng.standard_normal(k + xoff).astype(np.float32)
+    x = gg.view_1d(ctx.tensor(xa), k, xoff * 4)
+    y = gg.mul_mat(w, x)
+    ra = rng.standard_normal(rows).astype(np.float32)
+    out = gg.add(y, ctx.tensor(ra)) if res else y
+    g = gg.build_forward(out, backends=("cuda",))
+    assert [s.kernel for s in g.plan.steps] == [blocks.matvec1_symbol(w)]
+    assert blocks.matvec1_symbol(w).startswith("mul_mat_vecs")
+    g.compute()
+    want = w_all.numpy()[lo:].astype(np.float64) @ xa[xoff:].astype(np.float64) + (ra if res else 0.0)
+    assert nmse(out.numpy().reshape(-1), want) <= NMSE_QUANT_ACTIVATIONS
 
 
 @pytest.mark.cuda

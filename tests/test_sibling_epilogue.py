@@ -103,9 +103,20 @@ def test_products_rope_and_write_in_one_step(rng, mode, write, nkv):
 QUANT = [gg.Q8_0, gg.Q4_0, gg.Q4_1, gg.Q4_K, gg.Q6_K]
 
 
+@pytest.fixture
+def quant_epilogue(monkeypatch):
+    """The epilogue on quantized weights: built and tested, off in plans (siblings.QUANT_EPILOGUE)."""
+    monkeypatch.setattr(siblings, "QUANT_EPILOGUE", True)
+
+
+def test_quantized_weights_keep_the_epilogue_off_by_default(rng):
+    g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, K=512, hd=64)
+    assert g.plan.steps[0].ops == PRODUCTS and g.plan.steps[0].kernel == "mul_mat_sibq_norm_q4_0_f32_qx"
+
+
 @pytest.mark.parametrize("wdt", QUANT)
 @pytest.mark.parametrize("mode", [NORMAL, NEOX])
-def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode):
+def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode, quant_epilogue):
     """Block-quantized Wq/Wk/Wv: the quantized sibling mat-vec takes the rope and the writes too.
     A block holds `per` rows (families/blocks.py matvec_rows: K = 512 gives 16-32, Q6_K 24): NEOX
     pairs (i, i + 32) of a 64-row head fall in one block as epi_rows lays them out only when per
@@ -120,7 +131,7 @@ def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode):
     assert first.kernel.startswith(f"mul_mat_sibq_norm_epi_{wdt.name}_f32")
 
 
-def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng):
+def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng, quant_epilogue):
     """K = 576 (SmolLM2): 3 row groups of 8 share a Q4_0 block, 24 rows that do not divide a
     64-row head: NEOX keeps its rope a step, NORMAL (pairs of adjacent rows) does not."""
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NEOX, K=576, hd=64)
@@ -209,7 +220,7 @@ def test_rope_of_rows_at_an_odd_offset_stays_a_step(rng):
 
 
 @pytest.mark.compile_all
-def test_the_launch_fits_the_kernel_signature(rng):
+def test_the_launch_fits_the_kernel_signature(rng, quant_epilogue):
     from test_kernel_contract import _lowered, mismatch
     graphs = [_block(gg.Context(), rng, mode=m, write=w, wdt=t)[0]
               for m, w, t in ((NORMAL, "cpy", gg.F16), (NEOX, "set_rows", gg.F32), (NEOX, "cpy", gg.BF16),
@@ -288,7 +299,8 @@ def test_matches_reference_and_the_steps_apart(rng, monkeypatch, mode, write, wd
     (gg.Q4_K, NEOX, "set_rows", 64, 64, 4, 2, 512),
     (gg.Q6_K, NORMAL, "cpy", 96, 96, 3, 1, 768),        # 6 rows a block
 ])
-def test_quantized_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, mode, write, hd, n_dims, nh, nkv, K):
+def test_quantized_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, mode, write, hd, n_dims, nh, nkv, K,
+                                                         quant_epilogue):
     ctx = gg.Context()
     g, p = _block(ctx, rng, mode=mode, write=write, wdt=wdt, hd=hd, n_dims=n_dims, nh=nh, nkv=nkv, n_past=17,
                   K=K)

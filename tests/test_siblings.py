@@ -342,6 +342,16 @@ def quant_siblings(rng, dts, K, rows, norm=True, act=""):
     return [gg.mul(getattr(gg, act)(prods[0]), prods[1])], [f(refs[0]) * refs[1]]
 
 
+def act_symbol(out, act: str, norm: bool) -> str:
+    """The kernel of the SwiGLU / GeGLU sibling step making `out` (act(Wg h) * (Wu h)): the
+    streaming build for the types it has (without the norm), else mul_mat_sibq_*."""
+    from gg.backends.cuda.families import blocks
+    gate = out.src[0].src[0].src[0]
+    if not norm and blocks.streams(gate):
+        return blocks.sibs_symbol(gate, act)
+    return f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{gate.dtype.name}_f32{blocks.qx(gate.dtype)}"
+
+
 @pytest.mark.parametrize("dt", QTYPES)
 def test_quant_qkv_with_norm_is_one_step(rng, dt):
     outs, _ = quant_siblings(rng, [dt] * 3, 4096, (4096, 1024, 1024))
@@ -371,7 +381,7 @@ def test_quant_big_ffn_keeps_the_norm_a_step(rng, dt):
     (y,), _ = quant_siblings(rng, [dt] * 2, 4096, (14336, 14336), act="silu")
     plan = gg.build_forward(y, backends=CUDA).plan
     assert [s.ops for s in plan.steps] == [("rms_norm", "mul"), ("mul_mat", "mul_mat", "silu", "mul")]
-    assert plan.steps[1].kernel == f"mul_mat_sibq_silu_{dt.name}_f32{blocks.qx(dt)}"
+    assert plan.steps[1].kernel == act_symbol(y, "silu", norm=False)
 
 
 def test_quant_mixed_block_types_are_not_merged(rng):
@@ -418,8 +428,8 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
     (s,) = g.plan.steps
     assert s.kernel == f"mul_mat_sibq{'_norm' if norm else ''}_{dt.name}_f32{blocks.qx(dt)}"
     _, plain = _compute(outs, CUDA, fuse=False)
-    for f, p, r in zip(fused, plain, refs):
-        if norm:
+    for out, f, p, r in zip(outs, fused, plain, refs):
+        if norm or blocks.streams(out.src[0]):  # apart, the product runs the streaming mat-vec
             assert nmse(f, p) <= nmse_fused_vs_plain(g)
         else:  # the same mat-vec, block for block: the same sums in the same order
             np.testing.assert_array_equal(f, p)
@@ -433,7 +443,7 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
 def test_cuda_quant_swiglu(rng, dt, act, K, M, norm):
     outs, refs = quant_siblings(rng, [dt] * 2, K, (M, M), norm=norm, act=act)
     g, (fused,) = _compute(outs, CUDA)
-    assert [s.kernel for s in g.plan.steps] == [f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{dt.name}_f32{blocks.qx(dt)}"]
+    assert [s.kernel for s in g.plan.steps] == [act_symbol(outs[0], act, norm)]
     _, (plain,) = _compute(outs, CUDA, fuse=False)
     assert nmse(fused, plain) <= nmse_fused_vs_plain(g)
     assert nmse(fused, refs[0].reshape(fused.shape)) <= nmse_vs_reference(g)
@@ -462,5 +472,6 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
             suffix = "_qx" if qx and dt in blocks.QX_TYPES else ""
             assert graphs[-1].plan.steps[0].kernel == f"mul_mat_sibq_norm_{dt.name}_f32{suffix}"
     rt, records = _lowered(graphs)
-    assert len({r.name for r in records}) == 28 and all(r.name.startswith("mul_mat_sibq") for r in records)
+    assert len({r.name for r in records}) == 28 and all(r.name.startswith(("mul_mat_sibq", "mul_mat_sibs"))
+                                                        for r in records)
     assert not [m for r in records if (m := mismatch(rt, r))]

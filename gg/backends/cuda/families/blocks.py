@@ -34,10 +34,23 @@ SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; famili
 # activations (NMSE <= 1e-6 against float64 instead of ggml's 5e-4 for quantized activations).
 QX_TYPES = (Q4_0, Q4_1)
 QUANT_ACTIVATIONS = True
+# The streaming one-column mat-vec (kernels/quant.cu mul_mat_vecs<R>_*_qx): MVS_THREADS threads
+# own one 32-element block each of every chunk of R rows (int8 activations, __dp4a); rows shorter
+# than MVS_THREADS blocks put up to MVS_SLOTS groups of R rows side by side. R is the largest of
+# MVS_ROWS that still gives MVS_MIN_BLOCKS blocks (two per SM of an H100: fewer leave too little
+# in flight), else the smallest.
+STREAM_TYPES = (Q4_0, Q4_1)  # Q8_0: no faster but on 128256-row heads (docs/performance.md), and its
+# siblings keep F32 activations: the plain product does too
+STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
+MVS_THREADS = 128
+MVS_SLOTS = 8
+MVS_ROWS = (16, 8, 4)
+MVS_MIN_BLOCKS = 264
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
-                        **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()}}}
+                        **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
+                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS}}
 
 
 def rows_2d(a: Tensor) -> bool:
@@ -65,6 +78,56 @@ def matvec_grid(dtype: DType, n_rows: int, ne0: int,
     return (-(-n_rows // matvec_rows(dtype, ne0, ncols)), 1, 1), (MV_THREADS, 1, 1)
 
 
+def streams(a: Tensor) -> bool:
+    """The streaming mat-vec reads these weights: a type it has, rows at the alignment its word
+    reads need (Q4_1's 20-byte blocks 4-aligned, 18- and 34-byte ones 2-aligned)."""
+    align = 4 if a.dtype is Q4_1 else 2
+    return (STREAM_MATVEC and QUANT_ACTIVATIONS and a.dtype in STREAM_TYPES and a.nb[1] % align == 0
+            and a.view_offs % align == 0)
+
+
+def matvec1_symbol(a: Tensor) -> str:
+    """The one-column mat-vec for weights `a`: the streaming build, or mul_mat_vec1_* (with int8
+    activations for QX_TYPES)."""
+    t = a.dtype.name
+    if streams(a):
+        return f"mul_mat_vecs{_vecs_geometry(a.dtype, a.ne[1], a.ne[0])[0]}_{t}_f32_qx"
+    return f"mul_mat_vec1_{t}_f32{qx(a.dtype)}"
+
+
+def _vecs_geometry(dtype: DType, weight_rows: int, ne0: int) -> tuple[int, int, int]:
+    """(R, slots, threads per row group) of mul_mat_vecs<R>_* / mul_mat_sibs<R>_* (kernels/quant.cu
+    mvs_impl) over `weight_rows` rows (SwiGLU: gate's and up's)."""
+    tpr = max(1, min(MVS_THREADS, ne0 // dtype.block_size))
+    slots = min(MVS_SLOTS, MVS_THREADS // tpr)
+    R = next((r for r in MVS_ROWS if -(-weight_rows // (r * slots)) >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
+    return R, slots, tpr
+
+
+def sibs_symbol(gate: Tensor, act: str) -> str:
+    """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
+    return f"mul_mat_sibs{_vecs_geometry(gate.dtype, 2 * gate.ne[1], gate.ne[0])[0]}_{act}_{gate.dtype.name}_f32_qx"
+
+
+def vecs_launch(dtype: DType, n_rows: int, ne0: int,
+                act: bool = False) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """mul_mat_vecs<R>_* (act: mul_mat_sibs<R>_*, n_rows outputs from twice as many weight rows):
+    grid, block and dynamic shared memory: one stage (two when a row is more than one chunk) of
+    slots * R rows, each row's chunk padded by 16 bytes for rows that start off a 16-byte boundary;
+    at least the R * MVS_THREADS partial sums of the short-row reduction."""
+    R, slots, tpr = _vecs_geometry(dtype, n_rows * (2 if act else 1), ne0)
+    stages = 1 if ne0 // dtype.block_size <= tpr else 2
+    pitch = (tpr * dtype.size + 31) // 16 * 16
+    smem = max(stages * slots * R * pitch, 4 * R * MVS_THREADS if slots > 1 else 0)
+    return (-(-n_rows // vecs_per_block(dtype, n_rows, ne0, act)), 1, 1), (MVS_THREADS, 1, 1), smem
+
+
+def vecs_per_block(dtype: DType, n_rows: int, ne0: int, act: bool = False) -> int:
+    """Output rows one block of mul_mat_vecs<R>_* / mul_mat_sibs<R>_* writes."""
+    R, slots, _ = _vecs_geometry(dtype, n_rows * (2 if act else 1), ne0)
+    return R * slots // (2 if act else 1)
+
+
 def variants() -> list[Variant]:
     v: list[Variant] = []
     for t, o in product(TYPES, ("f32", "f16")):
@@ -72,6 +135,8 @@ def variants() -> list[Variant]:
     for t in TYPES:
         v += [Variant("quant.cu", f"mul_mat_vec_{t.name}_f32"), Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32")]
     v += [Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32_qx") for t in QX_TYPES]
+    v += [Variant("quant.cu", f"mul_mat_{k}{r}{act}_{t.name}_f32_qx") for t in STREAM_TYPES for r in MVS_ROWS
+          for k, act in (("vecs", ""), ("sibs", "_silu"), ("sibs", "_gelu"))]
     return v
 
 

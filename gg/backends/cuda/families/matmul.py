@@ -278,8 +278,7 @@ def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: T
             return None
     if p == "vec":
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
-        return QuantMatVec("quant.cu", f"mul_mat_vec1_{t}_f32{blocks.qx(a.dtype)}" if ncols == 1
-                           else f"mul_mat_vec_{t}_f32")
+        return QuantMatVec("quant.cu", blocks.matvec1_symbol(a) if ncols == 1 else f"mul_mat_vec_{t}_f32")
     if p == "gemm":
         # cuBLAS reads b cast to F16 (src_dtype); the tiled kernel reads b as it is
         gemm = "cublas_gemm" if have_cublas() else f"mul_mat_tiled_f16_{b.dtype.name}"
@@ -390,6 +389,12 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if k.file == "cublas":
         from ..cublas import Gemm
         return [Gemm(rt, what, out, a, b, addr)]
+    if isinstance(k, QuantMatVec) and k.symbol.startswith("mul_mat_vecs"):
+        grid, block, smem = blocks.vecs_launch(a.dtype, a.ne[1], a.ne[0])
+        r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
+        args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).ptr(addr(out)).ptr(addr(r) if r is not None else 0)
+                .i64(a.ne[1]).i64(a.ne[0]))
+        return [Launch(rt, k.file, k.symbol, grid, block, args, smem=smem, what=what)]
     if isinstance(k, QuantMatVec):
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
         grid, block = blocks.matvec_grid(a.dtype, a.ne[1], a.ne[0], ncols)

@@ -835,6 +835,238 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
                                               (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
 }
 
+// ---- streaming mat-vec: one column, 32-element block types, int8 activations (`mul_mat_vecs_*_qx`) --
+// The mat-vec above spends ~20 instructions per weight byte on staging, addressing and decoding
+// item by item (Nsight Compute: issue-bound, 0.37 of DRAM throughput; docs/performance.md). This
+// one does per weight block and row only what the arithmetic needs:
+// * Thread t of QUANT_MVS_THREADS owns weight block t of every chunk (QUANT_MVS_THREADS blocks of
+//   K) of all R rows of its thread block: it quantizes those 32 activations to int8 in registers
+//   once (ggml's q8: d = amax / 127), and each of its R rows costs the block's words from shared
+//   memory, 8 __dp4a and two multiplies. No shuffles, no shared memory for the activations.
+// * Chunks of all R rows are copied global -> shared with 16-byte cp.async one chunk ahead of the
+//   one being multiplied (two stages, dynamic shared memory; one when K is one chunk): a K = 4096
+//   row group is requested whole before anything else happens. A row's copy starts at the 16-byte
+//   boundary below it (rows of 18-byte blocks need not be 16-aligned).
+// * Blocks are many and short-lived (R rows each): the hardware balances them and a next kernel's
+//   blocks fill in as they drain (a persistent version measured faster alone but slower in a model).
+// The sums per row meet in a fixed order (warp shuffles, then the warps through shared memory).
+#ifndef QUANT_MVS_THREADS
+#error "QUANT_MVS_* come from the host as -D (families/blocks.py)"
+#endif
+static_assert(QUANT_MVS_THREADS % 32 == 0 && QUANT_MVS_THREADS * 18 % 16 == 0, "streaming mat-vec geometry");
+
+// 32 activations as int8 (q[i]: elements 4i..4i+3) with their scale d, d * sum(q) (Q4_0's offset)
+// and the exact float sum (Q4_1's minimum).
+struct XB {
+    int q[8];
+    float d, dsum, sum;
+};
+
+__device__ __forceinline__ XB mvs_quantize(const float* x, bool vec) {
+    float v[32];
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const V16 a = *(const V16*)(x + 4 * i);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) v[4 * i + t] = __uint_as_float(a.w[t]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) v[i] = x[i];
+    }
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        sum += v[i];
+    }
+    XB b;
+    b.d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int qs = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int q[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            q[t] = __float2int_rn(v[4 * i + t] * id);
+            qs += q[t];
+        }
+        b.q[i] = (int)__byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
+    }
+    b.dsum = b.d * (float)qs;
+    b.sum = sum;
+    return b;
+}
+
+// One staged weight block at p (2-aligned: Q4_0's 18-byte blocks; Q4_1's 20 are 4-aligned) times
+// the activations, added to acc. Words are read 4-aligned and realigned by funnel shifts: a block
+// at p = a + o (o = 0 or 2) has its F16 scale at byte o and its quants from byte o + 2.
+template <class Q> struct MVS;
+template <> struct MVS<QQ4_0> {
+    static __device__ __forceinline__ float dot(const u8* p, const XB& x, float acc) {
+        const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
+        const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
+        unsigned w[5];
+#pragma unroll
+        for (int i = 0; i < 5; ++i) w[i] = a[i];
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // byte j: element j (low nibble), 16 + j (high)
+            const unsigned q = __funnelshift_rc(w[i], w[i + 1], sh);
+            s = __dp4a((int)(q & 0x0f0f0f0fu), x.q[i], s);
+            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), x.q[4 + i], s);
+        }
+        const float d = h2f((u16)(__funnelshift_rc(w[0], w[1], sh - 16u) & 0xffffu));
+        return fmaf(d, fmaf(x.d, (float)s, -8.0f * x.dsum), acc);  // sum (q - 8) x
+    }
+};
+template <> struct MVS<QQ4_1> {
+    static __device__ __forceinline__ float dot(const u8* p, const XB& x, float acc) {
+        const unsigned* a = (const unsigned*)p;  // 4-aligned (the host admits only such rows)
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned q = a[1 + i];
+            s = __dp4a((int)(q & 0x0f0f0f0fu), x.q[i], s);
+            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), x.q[4 + i], s);
+        }
+        const unsigned dm = a[0];
+        return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)s, acc));  // d q + m
+    }
+};
+
+// y[r] = sum_k W[r, k] x[k] (+ res[r]) for the block's rows. K of nblk blocks keeps tpr = min(NT,
+// nblk) threads busy per row group; slots = NT / tpr groups of R rows side by side (short rows:
+// K = 576 is 18 blocks, 7 groups of R rows a block); the host derives the same (blocks.vecs_launch).
+// ACT (the sibling SwiGLU / GeGLU step): the block's rows are `no` rows of the gate (w) and the same
+// rows of up (w2, rows as far apart), and y[r] = act(gate row r) * (up row r).
+template <class Q, int R, int ACT = MV_ACT_NONE>
+__device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, float* y,
+                                         const float* res, i64 n_rows, int K) {
+    constexpr int NT = QUANT_MVS_THREADS;
+    extern __shared__ __align__(16) u8 mvs_smem[];
+    __shared__ float red[R][NT / 32];
+    __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
+    const int tid = threadIdx.x, nblk = K / Q::QK;
+    const int tpr = max(1, min(NT, nblk)), slots = min(QUANT_MVS_SLOTS, NT / tpr), rb = slots * R;
+    const int ob = ACT != MV_ACT_NONE ? rb / 2 : rb;  // output rows per block
+    const i64 r0 = (i64)blockIdx.x * ob;
+    if (r0 >= n_rows) return;
+    const int no = (int)min((i64)ob, n_rows - r0), nr = ACT != MV_ACT_NONE ? 2 * no : no;
+    const int nchunks = (nblk + tpr - 1) / tpr;
+    const int slot = tid / tpr, item = tid - slot * tpr;
+    const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
+    // block row j: row r0 + j of w, or (ACT, j >= no) row r0 + j - no of w2
+    const char* wb = w + r0 * w_nb1;
+    const i64 up = ACT != MV_ACT_NONE ? (i64)(w2 - w) - (i64)no * w_nb1 : 0;
+    auto rowp = [&](int j) -> const char* { return wb + (i64)j * w_nb1 + (j < no ? 0 : up); };
+    const int nv = rs / 16;
+    const float rnv = 1.0f / (float)nv;
+    auto issue = [&](int c) {
+        u8* sb = mvs_smem + (c & 1) * (nr * rs);
+        const int bytes = min(tpr, nblk - c * tpr) * Q::BYTES;
+#pragma unroll 1
+        for (int v = tid; v < nr * nv; v += NT) {
+            const int j = fdiv(v, rnv), k = v - j * nv;
+            const char* p = rowp(j) + (i64)c * cb;
+            const int off = (int)((unsigned long long)p & 15u), have = off + bytes - 16 * k;
+            if (have > 0) cp_async16(sb + j * rs + 16 * k, p - off + 16 * k, min(have, 16));
+        }
+        cp_async_commit();
+    };
+    const bool xvec = ((unsigned long long)x & 15u) == 0;
+    float acc[R];
+#pragma unroll
+    for (int m = 0; m < R; ++m) acc[m] = 0.0f;
+    if (nblk > 0) issue(0);
+    for (int c = 0; c < nchunks; ++c) {
+        if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
+        const int b = c * tpr + item;
+        const bool live = slot < slots && b < nblk;
+        XB xb;
+        if (live) xb = mvs_quantize(x + (i64)b * 32, xvec);  // while the copies are in flight
+        if (c + 1 < nchunks) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads();
+        if (live) {
+            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item * Q::BYTES;
+#pragma unroll
+            for (int m = 0; m < R; ++m) {
+                const int j = slot * R + m;
+                if (j < nr) {
+                    const unsigned off = (unsigned)((unsigned long long)(rowp(j) + (i64)c * cb) & 15u);
+                    acc[m] = MVS<Q>::dot(sb + j * rs + off, xb, acc[m]);
+                }
+            }
+        }
+        __syncthreads();  // stage c & 1 is free for chunk c + 2
+    }
+    // Row j's sum v goes to y (plain: + res) or, for ACT, to fin[j] for the gate/up pairing.
+    auto finish = [&](int j, float v) {
+        if constexpr (ACT != MV_ACT_NONE) fin[j] = v;
+        else y[r0 + j] = res ? v + res[r0 + j] : v;
+    };
+    if (slots == 1) {  // a row's NT partial sums: shuffles, then the warps' sums
+        const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+        for (int m = 0; m < R; ++m) {
+            const float v = warp_sum(acc[m]);
+            if (lane == 0) red[m][warp] = v;
+        }
+        __syncthreads();
+        if (tid < nr) {
+            float v = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NT / 32; ++i) v += red[tid][i];
+            finish(tid, v);
+        }
+    } else {  // short rows: each thread's R sums through the stages (idle now), a thread per row
+        float* part = (float*)mvs_smem;  // R * NT floats (the host sizes the stages for it)
+#pragma unroll
+        for (int m = 0; m < R; ++m) part[m * NT + tid] = acc[m];
+        __syncthreads();
+        for (int j = tid; j < nr; j += NT) {
+            const float* pr = part + (j % R) * NT + (j / R) * tpr;
+            float v = 0.0f;
+#pragma unroll 1
+            for (int i = 0; i < tpr; ++i) v += pr[i];
+            finish(j, v);
+        }
+    }
+    if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
+        __syncthreads();
+        for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
+    }
+}
+
+// mul_mat_vecs<R>_<t>_f32_qx(w, w_nb1, x, y, res, n_rows, K): the streaming mat-vec with R rows
+// per row group (res: null or the residual added as y is written). Dynamic shared memory: the
+// host's blocks.vecs_launch bytes.
+// mul_mat_sibs<R>_<act>_<t>_f32_qx(wg, wu, nb1, x, y, n_rows, K): the sibling SwiGLU / GeGLU step
+// on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r]; gate and up rows nb1 bytes apart).
+#define GG_QUANT_VECS_R(Q, S, R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
+        mul_mat_vecs##R##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, float* y, const float* res,     \
+                                       i64 n_rows, i64 K) {                                                      \
+        gg_grid_sync();                                                                                           \
+        mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K);                                             \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
+        mul_mat_sibs##R##_silu_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y,   \
+                                            i64 n_rows, i64 K) {                                                 \
+        gg_grid_sync();                                                                                           \
+        mvs_impl<Q, R, MV_ACT_SILU>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K);                                  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
+        mul_mat_sibs##R##_gelu_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y,   \
+                                            i64 n_rows, i64 K) {                                                 \
+        gg_grid_sync();                                                                                           \
+        mvs_impl<Q, R, MV_ACT_GELU>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K);                                  \
+    }
+#define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
+
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
 // Up to QUANT_SIB_MAX products W_j · x of one F32 row, all of one block type, in one launch: the
 // grid is the products' blocks one after another (QSibMember.block0: a product's first block),
@@ -955,5 +1187,7 @@ GG_QUANT_KERNELS(QQ4_0, q4_0)
 GG_QUANT_KERNELS(QQ4_1, q4_1)
 GG_QUANT_QX(QQ4_0, q4_0)
 GG_QUANT_QX(QQ4_1, q4_1)
+GG_QUANT_VECS(QQ4_0, q4_0)
+GG_QUANT_VECS(QQ4_1, q4_1)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
