@@ -87,16 +87,17 @@ models)
     ;;
 twin)
     mkdir -p $W
-    [ -f $W/8b4-F16.gguf ] || python3 .anchors/gen_gguf.py --dims 8b --layers 4 --out $W/8b4-F16.gguf \
+    T=$W/${TWIN_DIMS:=8b}${TWIN_LAYERS:=4}  # TWIN_DIMS=smol TWIN_LAYERS=30: SmolLM2-135M dims
+    [ -f $T-F16.gguf ] || python3 .anchors/gen_gguf.py --dims $TWIN_DIMS --layers $TWIN_LAYERS --out $T-F16.gguf \
         --tok .anchors/smol_tok_meta.json > /dev/null
     for q in ${TWIN:-q4_0 q8_0}; do
-        [ -f $W/8b4-$q.gguf ] || python3 scripts/quant_twin.py $W/8b4-F16.gguf $W/8b4-$q.gguf $q > /dev/null
+        [ -f $T-$q.gguf ] || python3 scripts/quant_twin.py $T-F16.gguf $T-$q.gguf $q > /dev/null
         for tree in ${TREES:-. .ab/old .}; do  # this tree twice: the spread of two runs
-            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $W/8b4-$q.gguf \
+            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $T-$q.gguf \
                 $( [ -n "${STEPS:-}" ] || echo --total ) | tail -${STEPS:+30}${STEPS:-1})"
         done
         IFS=';'; for flags in ${FLAGS:-}; do unset IFS  # this tree with model_steps.py switches: FLAGS="--no-stream;--no-epilogue"
-            echo "[$flags]: $(python3 scripts/model_steps.py $W/8b4-$q.gguf --total $flags | tail -1)"
+            echo "[$flags]: $(python3 scripts/model_steps.py $T-$q.gguf --total $flags | tail -1)"
         done
     done 2>&1 | tee "$OUT/twin.log"
     ;;

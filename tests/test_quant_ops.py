@@ -111,6 +111,7 @@ def test_mul_mat_quantized_cuda(dt, rows, k, cols, batch, rng, qx, stream, monke
     NMSE <= 5e-4), mul_mat_vec1 with F32 ones (<= 1e-6)."""
     monkeypatch.setattr(blocks, "QUANT_ACTIVATIONS", qx)
     monkeypatch.setattr(blocks, "STREAM_MATVEC", stream)
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # small matrices too
     w, xa, y = _mul_mat_case(rng, dt, rows, k, cols, batch)
     g = gg.build_forward(y, backends=("cuda",))
     kernel = g.plan.steps[-1].kernel
@@ -123,9 +124,10 @@ def test_mul_mat_quantized_cuda(dt, rows, k, cols, batch, rng, qx, stream, monke
 
 @pytest.mark.parametrize("rows,k,R,slots", [(4500, 4096, 16, 1), (3000, 4096, 8, 1), (200, 4096, 4, 1),
                                            (9000, 160, 4, 8), (49152, 576, 16, 7)])
-def test_streaming_matvec_rows_per_block(rows, k, R, slots):
+def test_streaming_matvec_rows_per_block(rows, k, R, slots, monkeypatch):
     """The largest R that still gives blocks.MVS_MIN_BLOCKS blocks (else the smallest); short rows
     (K / 32 < MVS_THREADS) put row groups side by side."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     w = gg.new_tensor(gg.Q4_0, (k, rows))
     assert blocks.matvec1_symbol(w) == f"mul_mat_vecs{R}_q4_0_f32_qx"
     grid, block, smem = blocks.vecs_launch(gg.Q4_0, rows, k)
@@ -138,11 +140,12 @@ def test_streaming_matvec_rows_per_block(rows, k, R, slots):
                                                  (33, 576, 2, 3, False), (300, 4096, 0, 0, True),
                                                  (4500, 4096, 1, 0, True), (3000, 4096, 0, 1, False),
                                                  (9000, 160, 0, 0, False)])
-def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng):
+def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng, monkeypatch):
     """mul_mat_vecs<R>_*: one block and a partial last chunk (K = 32, 4128), rows that start off a
     16-byte boundary (a view from row `lo`; K = 576), an x not 16-byte aligned (`xoff` floats into
     a row), the residual added as it writes, every R of blocks.MVS_ROWS (4500 rows take 16, 3000
     rows 8, 9000 rows of 5 blocks 4 in 8 groups a block); NMSE against float64 within ggml's bound."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     ctx = gg.Context()
     w_all = random_weights(rng, dt, rows + lo, k, ctx)
     w = gg.view_2d(w_all, k, rows, w_all.nb[1], lo * w_all.nb[1])
@@ -232,3 +235,11 @@ def test_norm_mul_mat_quantized_cuda(dt, rows, k, rng):
     gg.build_forward(y, backends=("cuda",), fuse=False).compute()
     assert nmse(fused, y.numpy().reshape(-1)) <= nmse_fused_vs_plain(g)
     assert nmse(fused, want) <= nmse_vs_reference(g)
+
+
+def test_small_matrices_keep_the_item_mat_vec():
+    """Below blocks.MVS_MIN_ELEMENTS (SmolLM2's 576-wide layers) the streaming build measured
+    slower in a whole token: those products stay on mul_mat_vec1."""
+    small, big = gg.new_tensor(gg.Q4_1, (1536, 576)), gg.new_tensor(gg.Q4_1, (4096, 1024))
+    assert blocks.matvec1_symbol(small) == "mul_mat_vec1_q4_1_f32_qx"
+    assert blocks.matvec1_symbol(big).startswith("mul_mat_vecs")

@@ -440,7 +440,8 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
 @pytest.mark.parametrize("dt", QTYPES)
 @pytest.mark.parametrize("act", ["silu", "gelu"])
 @pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True)])
-def test_cuda_quant_swiglu(rng, dt, act, K, M, norm):
+def test_cuda_quant_swiglu(rng, dt, act, K, M, norm, monkeypatch):
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # the streaming build (Q4_0/Q4_1 without the norm)
     outs, refs = quant_siblings(rng, [dt] * 2, K, (M, M), norm=norm, act=act)
     g, (fused,) = _compute(outs, CUDA)
     assert [s.kernel for s in g.plan.steps] == [act_symbol(outs[0], act, norm)]
@@ -457,6 +458,7 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
     from gg.backends.cuda.families import blocks
     from test_kernel_contract import _lowered, mismatch
     graphs = []
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # small products take the streaming builds too
     for qx in (True, False):
         monkeypatch.setattr(blocks, "QUANT_ACTIVATIONS", qx)
         for dt in QTYPES:

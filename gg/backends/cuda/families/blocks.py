@@ -46,6 +46,10 @@ MVS_THREADS = 128
 MVS_SLOTS = 8
 MVS_ROWS = (16, 8, 4)
 MVS_MIN_BLOCKS = 264
+# Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
+# elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
+# dims (4M-59M) gain (docs/performance.md).
+MVS_MIN_ELEMENTS = 2 ** 22
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
@@ -80,10 +84,11 @@ def matvec_grid(dtype: DType, n_rows: int, ne0: int,
 
 def streams(a: Tensor) -> bool:
     """The streaming mat-vec reads these weights: a type it has, rows at the alignment its word
-    reads need (Q4_1's 20-byte blocks 4-aligned, 18- and 34-byte ones 2-aligned)."""
+    reads need (Q4_1's 20-byte blocks 4-aligned, Q4_0's 18-byte ones 2-aligned), a matrix of at
+    least MVS_MIN_ELEMENTS."""
     align = 4 if a.dtype is Q4_1 else 2
     return (STREAM_MATVEC and QUANT_ACTIVATIONS and a.dtype in STREAM_TYPES and a.nb[1] % align == 0
-            and a.view_offs % align == 0)
+            and a.view_offs % align == 0 and a.ne[0] * a.ne[1] >= MVS_MIN_ELEMENTS)
 
 
 def matvec1_symbol(a: Tensor) -> str:
