@@ -135,14 +135,15 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
     if quant:  # the one-column quantized mat-vec's geometry; a SwiGLU block's rows are half gate, half up
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
-        if act and not norm and blocks.streams(weights[0]) and blocks.streams(weights[1]):
-            return Siblings("quant.cu", blocks.sibs_symbol(weights[0], act), rows, norm, act, blocks.MVS_THREADS,
-                            blocks.vecs_per_block(wdt, rows[0], K, act=True), quant=True)
-        per = blocks.matvec_rows(wdt, K, 1)
-        k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
-                     per // 2 if act else per, quant=True)
-        if norm and sum(k.blocks) * K * F32.size > QUANT_NORM_BYTES_MAX:
-            return None
+        if act and not norm and blocks.streams(weights[0]) and blocks.streams(weights[1]):  # kernels/quant.cu mvs_impl
+            k = Siblings("quant.cu", blocks.sibs_symbol(weights[0], act), rows, norm, act, blocks.MVS_THREADS,
+                         blocks.vecs_per_block(wdt, rows[0], K, act=True), quant=True)
+        else:
+            per = blocks.matvec_rows(wdt, K, 1)
+            k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
+                         per // 2 if act else per, quant=True)
+            if norm and sum(k.blocks) * K * F32.size > QUANT_NORM_BYTES_MAX:
+                return None
     else:
         chunks = K // (16 // wdt.size)
         threads = min(THREADS, max(32, -(-chunks // 32) * 32))

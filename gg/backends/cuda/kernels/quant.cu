@@ -1046,6 +1046,13 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 // host's blocks.vecs_launch bytes.
 // mul_mat_sibs<R>_<act>_<t>_f32_qx(wg, wu, nb1, x, y, n_rows, K): the sibling SwiGLU / GeGLU step
 // on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r]; gate and up rows nb1 bytes apart).
+#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
+        mul_mat_sibs##R##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y, \
+                                                i64 n_rows, i64 K) {                                             \
+        gg_grid_sync();                                                                                           \
+        mvs_impl<Q, R, ACT>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K);                                          \
+    }
 #define GG_QUANT_VECS_R(Q, S, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
         mul_mat_vecs##R##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, float* y, const float* res,     \
@@ -1053,18 +1060,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         gg_grid_sync();                                                                                           \
         mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K);                                             \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
-        mul_mat_sibs##R##_silu_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y,   \
-                                            i64 n_rows, i64 K) {                                                 \
-        gg_grid_sync();                                                                                           \
-        mvs_impl<Q, R, MV_ACT_SILU>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K);                                  \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
-        mul_mat_sibs##R##_gelu_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y,   \
-                                            i64 n_rows, i64 K) {                                                 \
-        gg_grid_sync();                                                                                           \
-        mvs_impl<Q, R, MV_ACT_GELU>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K);                                  \
-    }
+    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
