@@ -46,7 +46,8 @@ def main() -> None:
     from gg.backends.cuda.families import blocks, siblings
     if a.no_epilogue:
         siblings.EPILOGUE_OPS = ()
-    siblings.QUANT_EPILOGUE = a.quant_epilogue or siblings.QUANT_EPILOGUE
+    if a.quant_epilogue:  # (switches set module constants only when asked: older trees lack them)
+        siblings.QUANT_EPILOGUE = True
     if a.no_stream:
         blocks.STREAM_MATVEC = False
     if a.min_blocks is not None:
