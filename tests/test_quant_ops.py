@@ -243,3 +243,22 @@ def test_small_matrices_keep_the_item_mat_vec():
     small, big = gg.new_tensor(gg.Q4_1, (1536, 576)), gg.new_tensor(gg.Q4_1, (4096, 1024))
     assert blocks.matvec1_symbol(small) == "mul_mat_vec1_q4_1_f32_qx"
     assert blocks.matvec1_symbol(big).startswith("mul_mat_vecs")
+
+
+@pytest.mark.compile_all
+def test_streaming_launches_fit_their_kernels(rng, monkeypatch):
+    """The packed arguments of mul_mat_vecs<R>_* (with and without the residual) match the CUBIN
+    signatures (NVRTC, no GPU)."""
+    from test_kernel_contract import _lowered, mismatch
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    graphs = []
+    for dt in blocks.STREAM_TYPES:
+        ctx = gg.Context()
+        w = random_weights(rng, dt, 300, 4096, ctx)
+        x = ctx.tensor(rng.standard_normal(4096).astype(np.float32))
+        r = ctx.tensor(rng.standard_normal(300).astype(np.float32))
+        graphs += [gg.build_forward(gg.add(gg.mul_mat(w, x), r), backends=("cuda",)),
+                   gg.build_forward(gg.mul_mat(w, x), backends=("cuda",))]
+    rt, records = _lowered(graphs)
+    assert all(rec.name.startswith("mul_mat_vecs") for rec in records) and len(records) == 4
+    assert not [m for rec in records if (m := mismatch(rt, rec))]

@@ -96,41 +96,45 @@ def matvec1_symbol(a: Tensor) -> str:
     activations for QX_TYPES)."""
     t = a.dtype.name
     if streams(a):
-        return f"mul_mat_vecs{_vecs_geometry(a.dtype, a.ne[1], a.ne[0])[0]}_{t}_f32_qx"
+        return f"mul_mat_vecs{vecs_rows(a.dtype, a.ne[1], a.ne[0])}_{t}_f32_qx"
     return f"mul_mat_vec1_{t}_f32{qx(a.dtype)}"
-
-
-def _vecs_geometry(dtype: DType, weight_rows: int, ne0: int) -> tuple[int, int, int]:
-    """(R, slots, threads per row group) of mul_mat_vecs<R>_* / mul_mat_sibs<R>_* (kernels/quant.cu
-    mvs_impl) over `weight_rows` rows (SwiGLU: gate's and up's)."""
-    tpr = max(1, min(MVS_THREADS, ne0 // dtype.block_size))
-    slots = min(MVS_SLOTS, MVS_THREADS // tpr)
-    R = next((r for r in MVS_ROWS if -(-weight_rows // (r * slots)) >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
-    return R, slots, tpr
 
 
 def sibs_symbol(gate: Tensor, act: str) -> str:
     """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
-    return f"mul_mat_sibs{_vecs_geometry(gate.dtype, 2 * gate.ne[1], gate.ne[0])[0]}_{act}_{gate.dtype.name}_f32_qx"
+    return f"mul_mat_sibs{vecs_rows(gate.dtype, 2 * gate.ne[1], gate.ne[0])}_{act}_{gate.dtype.name}_f32_qx"
 
 
-def vecs_launch(dtype: DType, n_rows: int, ne0: int,
+def _slots(dtype: DType, ne0: int) -> tuple[int, int]:
+    """(row groups per block, threads per row group) of kernels/quant.cu mvs_impl for rows of ne0."""
+    tpr = max(1, min(MVS_THREADS, ne0 // dtype.block_size))
+    return min(MVS_SLOTS, MVS_THREADS // tpr), tpr
+
+
+def vecs_rows(dtype: DType, weight_rows: int, ne0: int) -> int:
+    """R of mul_mat_vecs<R>_* / mul_mat_sibs<R>_* over `weight_rows` rows (SwiGLU: gate's and up's),
+    decided at plan time (the kernel's name carries it; the step's choice stores it)."""
+    slots, _ = _slots(dtype, ne0)
+    return next((r for r in MVS_ROWS if -(-weight_rows // (r * slots)) >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
+
+
+def vecs_per_block(dtype: DType, ne0: int, R: int, act: bool = False) -> int:
+    """Output rows one block of mul_mat_vecs<R>_* (act: mul_mat_sibs<R>_*) writes."""
+    return R * _slots(dtype, ne0)[0] // (2 if act else 1)
+
+
+def vecs_launch(dtype: DType, n_rows: int, ne0: int, R: int | None = None,
                 act: bool = False) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """mul_mat_vecs<R>_* (act: mul_mat_sibs<R>_*, n_rows outputs from twice as many weight rows):
-    grid, block and dynamic shared memory: one stage (two when a row is more than one chunk) of
-    slots * R rows, each row's chunk padded by 16 bytes for rows that start off a 16-byte boundary;
-    at least the R * MVS_THREADS partial sums of the short-row reduction."""
-    R, slots, tpr = _vecs_geometry(dtype, n_rows * (2 if act else 1), ne0)
+    """mul_mat_vecs<R>_* (act: mul_mat_sibs<R>_*, n_rows outputs from twice as many weight rows;
+    R None: vecs_rows' choice): grid, block and dynamic shared memory: one stage (two when a row is
+    more than one chunk) of slots * R rows, each row's chunk padded by 16 bytes for rows that start
+    off a 16-byte boundary; at least the R * MVS_THREADS partial sums of the short-row reduction."""
+    R = vecs_rows(dtype, n_rows * (2 if act else 1), ne0) if R is None else R
+    slots, tpr = _slots(dtype, ne0)
     stages = 1 if ne0 // dtype.block_size <= tpr else 2
     pitch = (tpr * dtype.size + 31) // 16 * 16
     smem = max(stages * slots * R * pitch, 4 * R * MVS_THREADS if slots > 1 else 0)
-    return (-(-n_rows // vecs_per_block(dtype, n_rows, ne0, act)), 1, 1), (MVS_THREADS, 1, 1), smem
-
-
-def vecs_per_block(dtype: DType, n_rows: int, ne0: int, act: bool = False) -> int:
-    """Output rows one block of mul_mat_vecs<R>_* / mul_mat_sibs<R>_* writes."""
-    R, slots, _ = _vecs_geometry(dtype, n_rows * (2 if act else 1), ne0)
-    return R * slots // (2 if act else 1)
+    return (-(-n_rows // vecs_per_block(dtype, ne0, R, act)), 1, 1), (MVS_THREADS, 1, 1), smem
 
 
 def variants() -> list[Variant]:

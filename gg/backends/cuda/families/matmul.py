@@ -70,7 +70,10 @@ class Epilogue(NormMatVec):
 @dataclass(frozen=True)
 class QuantMatVec(Kernel):
     """Quantized weights times up to blocks.MAX_COLS F32 columns, reading the blocks in place
-    (and adding the residual of a fused mul_mat+add as it writes)."""
+    (and adding the residual of a fused mul_mat+add as it writes). `rows`: R of the streaming
+    build (mul_mat_vecs<R>_*), 0 for mul_mat_vec[1]_*."""
+
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,8 @@ def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: T
             return None
     if p == "vec":
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
+        if ncols == 1 and blocks.streams(a):
+            return QuantMatVec("quant.cu", blocks.matvec1_symbol(a), blocks.vecs_rows(a.dtype, a.ne[1], a.ne[0]))
         return QuantMatVec("quant.cu", blocks.matvec1_symbol(a) if ncols == 1 else f"mul_mat_vec_{t}_f32")
     if p == "gemm":
         # cuBLAS reads b cast to F16 (src_dtype); the tiled kernel reads b as it is
@@ -389,8 +394,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if k.file == "cublas":
         from ..cublas import Gemm
         return [Gemm(rt, what, out, a, b, addr)]
-    if isinstance(k, QuantMatVec) and k.symbol.startswith("mul_mat_vecs"):
-        grid, block, smem = blocks.vecs_launch(a.dtype, a.ne[1], a.ne[0])
+    if isinstance(k, QuantMatVec) and k.rows:
+        grid, block, smem = blocks.vecs_launch(a.dtype, a.ne[1], a.ne[0], k.rows)
         r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
         args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).ptr(addr(out)).ptr(addr(r) if r is not None else 0)
                 .i64(a.ne[1]).i64(a.ne[0]))

@@ -47,7 +47,8 @@ class Siblings(Kernel):
     """The group's layout, decided at plan time: `rows` of each product (SwiGLU: gate, up),
     whether the step normalizes its input, the epilogue's activation ("" for none), the
     threads per block (fewer for short rows, so that every thread has a load), the output rows
-    a block writes (`per`) and whether the weights are block-quantized (kernels/quant.cu)."""
+    a block writes (`per`), whether the weights are block-quantized (kernels/quant.cu) and, for
+    the streaming SwiGLU build (mul_mat_sibs<R>_*), its R (`mvs_rows`; 0 for the others)."""
 
     rows: tuple[int, ...]
     norm: bool
@@ -55,6 +56,7 @@ class Siblings(Kernel):
     threads: int
     per: int
     quant: bool = False
+    mvs_rows: int = 0
 
     @property
     def blocks(self) -> tuple[int, ...]:
@@ -136,8 +138,9 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         if act and not norm and blocks.streams(weights[0]) and blocks.streams(weights[1]):  # kernels/quant.cu mvs_impl
+            R = blocks.vecs_rows(wdt, 2 * rows[0], K)
             k = Siblings("quant.cu", blocks.sibs_symbol(weights[0], act), rows, norm, act, blocks.MVS_THREADS,
-                         blocks.vecs_per_block(wdt, rows[0], K, act=True), quant=True)
+                         blocks.vecs_per_block(wdt, K, R, act=True), quant=True, mvs_rows=R)
         else:
             per = blocks.matvec_rows(wdt, K, 1)
             k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
@@ -153,10 +156,10 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
 
 def lower(rt, step, k: Kernel, what: str) -> list:
     assert isinstance(k, Siblings)
-    if k.symbol.startswith("mul_mat_sibs"):  # the streaming SwiGLU / GeGLU step (blocks.vecs_launch)
+    if k.mvs_rows:  # the streaming SwiGLU / GeGLU step (blocks.vecs_launch)
         g, u = step.nodes[0], step.nodes[1]
         wg, x = step.srcs(g)
-        grid, block, smem = blocks.vecs_launch(wg.dtype, g.ne[0], wg.ne[0], act=True)
+        grid, block, smem = blocks.vecs_launch(wg.dtype, g.ne[0], wg.ne[0], k.mvs_rows, act=True)
         args = (Args().ptr(addr(wg)).ptr(addr(step.srcs(u)[0])).i64(wg.nb[1]).ptr(addr(x)).ptr(addr(step.out))
                 .i64(g.ne[0]).i64(wg.ne[0]))
         return [Launch(rt, k.file, k.symbol, grid, block, args, smem=smem, what=what)]
@@ -313,7 +316,9 @@ def _choose_epi(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> Ke
 
 def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     """k (the products' step) that also does the `tail` of ropes and writes, or None."""
-    if k.act or (k.per != 2 if not k.quant else not QUANT_EPILOGUE) or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
+    if k.act or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
+        return None
+    if not QUANT_EPILOGUE if k.quant else k.per != 2:  # siblings.cu's epilogue ropes a block's two rows
         return None
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
