@@ -17,7 +17,10 @@
 #                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"), by the trees in TREES (this
 #                                       one, .ab/old if carried: git archive OLD gg | tar -x -C .ab/old);
 #                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
-#                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches
+#                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches;
+#                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS: also with those)
+#   bash scripts/gpu_session.sh ncu     Nsight Compute sections (speed of light, occupancy, warp states,
+#                                       memory) of one decode token's kernels on a twin (TWIN=, TWIN_DIMS=, NCU_K=)
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -96,10 +99,30 @@ twin)
             [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $T-$q.gguf \
                 $( [ -n "${STEPS:-}" ] || echo --total ) | tail -${STEPS:+30}${STEPS:-1})"
         done
+        if [ -n "${TRACE:-}" ]; then  # TRACE=1: per-kernel durations and gaps inside the replay (scripts/trace_steps.py)
+            for flags in "" ${TRACE_FLAGS:-}; do
+                python3 scripts/model_steps.py $T-$q.gguf --total --trace /tmp/tr.json $flags > /tmp/tr.log 2>&1
+                N=$(grep -o "[0-9]* steps" /tmp/tr.log | head -1 | cut -d' ' -f1)
+                echo "trace [$flags] $q: $(tail -1 /tmp/tr.log)"
+                python3 scripts/trace_steps.py /tmp/tr.json ${N:-0} > "$OUT/trace_${q}${flags// /}.txt" 2>&1; tail -1 "$OUT/trace_${q}${flags// /}.txt"
+            done
+        fi
         IFS=';'; for flags in ${FLAGS:-}; do unset IFS  # this tree with model_steps.py switches: FLAGS="--no-stream;--no-epilogue"
             echo "[$flags]: $(python3 scripts/model_steps.py $T-$q.gguf --total $flags | tail -1)"
         done
     done 2>&1 | tee "$OUT/twin.log"
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|twin"; exit 2 ;;
+ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (NCU_K: a kernel-name regex)
+    mkdir -p $W
+    T=$W/${TWIN_DIMS:=8b}${TWIN_LAYERS:=4}; q=${TWIN:-q4_0}
+    [ -f $T-F16.gguf ] || python3 .anchors/gen_gguf.py --dims $TWIN_DIMS --layers $TWIN_LAYERS --out $T-F16.gguf \
+        --tok .anchors/smol_tok_meta.json > /dev/null
+    [ -f $T-$q.gguf ] || python3 scripts/quant_twin.py $T-F16.gguf $T-$q.gguf $q > /dev/null
+    timeout ${NCU_TIMEOUT:-300} ncu --clock-control none --profile-from-start off -k "regex:${NCU_K:-.}" \
+        --launch-count ${NCU_COUNT:-60} --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details \
+        python3 scripts/ncu_model.py $T-$q.gguf > "$OUT/ncu_${TWIN_DIMS}_$q.csv" 2> "$OUT/ncu_err.log"
+    echo "ncu exit $?: $(wc -l < "$OUT/ncu_${TWIN_DIMS}_$q.csv") lines"
+    ;;
+*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|twin|ncu"; exit 2 ;;
 esac

@@ -4,7 +4,7 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N]   (A/B switches of the plan)
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch] [--fa-threads N] [--mv-rows T=N] [--mv1-rows T=N] [--trace FILE]   (A/B switches of the plan)
 """
 from __future__ import annotations
 
@@ -31,6 +31,22 @@ def layer_range(steps, layer: int) -> range:
     return range(first, nxt)
 
 
+def _trace(rt, steps, memory, path: str) -> None:
+    """30 replays of the whole plan under PyTorch's profiler (CUPTI sees the graph's kernels: gg
+    and torch share the device's primary context)."""
+    from torch.profiler import ProfilerActivity, profile
+    from gg.backends.cuda.program import Program
+    prog = Program(rt, steps, memory)
+    for _ in range(10):
+        prog.run()
+    rt.synchronize("warm-up")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(30):
+            prog._run()
+        rt.synchronize("trace")
+    prof.export_chrome_trace(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -42,6 +58,11 @@ def main() -> None:
     ap.add_argument("--quant-epilogue", action="store_true", help="the epilogue on quantized weights too")
     ap.add_argument("--no-stream", action="store_true", help="mul_mat_vec1 for every one-column product")
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
+    ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
+    ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
+    ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
+    ap.add_argument("--mv1-rows", default="", help="blocks.MV1_ROWS of a type, e.g. q4_1=8 (mul_mat_vec1)")
+    ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
     a = ap.parse_args()
     from gg.backends.cuda.families import blocks, siblings
     if a.no_epilogue:
@@ -50,6 +71,17 @@ def main() -> None:
         siblings.QUANT_EPILOGUE = True
     if a.no_stream:
         blocks.STREAM_MATVEC = False
+    if a.fa_threads:
+        from gg.backends.cuda.families import attention
+        attention.THREADS = attention.DEFINES["attn.cu"]["FA_THREADS"] = a.fa_threads
+    for table, define, arg in (("MV_ROWS", "QUANT_MV_ROWS_", a.mv_rows), ("MV1_ROWS", "QUANT_MV1_ROWS_", a.mv1_rows)):
+        if arg:
+            name, n = arg.split("=")
+            dt = next(t for t in blocks.TYPES if t.name == name)
+            getattr(blocks, table)[dt] = blocks.DEFINES["quant.cu"][define + name.upper()] = int(n)
+    if a.no_l2_prefetch:
+        from gg.backends.cuda import launch
+        launch.L2_PREFETCH = False
     if a.min_blocks is not None:
         blocks.MVS_MIN_BLOCKS = a.min_blocks
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
@@ -61,6 +93,8 @@ def main() -> None:
     full = replay_us(rt, steps, mem, iters=50)
     print(f"{m.name}: {len(steps)} steps, whole plan replayed {full:.1f} us ({1e6 / full:.0f} tokens/s "
           f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")
+    if a.trace:
+        _trace(rt, steps, mem, a.trace)
     if a.total:
         return
     print(f"{'#':>3}  {'ops':48} {'kernel':40} {'alone us':>9} {'+1 copy us':>11}")

@@ -371,7 +371,7 @@ def test_quant_gate_up_and_swiglu_are_one_step(rng, act):
     k = plan.steps[0].choice
     assert k.symbol == f"mul_mat_sibq_norm_{act}_q4_k_f32"
     # a block writes `per` outputs from per gate rows and per up rows: the mat-vec's rows per block
-    assert k.per * 2 == family.blocks.matvec_rows(gg.Q4_K, 512, 1) and k.blocks == (-(-1536 // k.per),)
+    assert k.per * 2 == family.blocks.matvec_rows(gg.Q4_K, 512, 1, sibling=True) and k.blocks == (-(-1536 // k.per),)
 
 
 @pytest.mark.parametrize("dt", [gg.Q8_0, gg.Q4_0])

@@ -25,6 +25,11 @@ MV_SLOTS = 8  # at most this many row groups side by side when K / MV_ITEM < MV_
 # are 4-7x the bytes of 4-bit weights: re-reading them per row made L1 the limit), and a block's
 # MV_STAGES chunks stay within 48 KB of static shared memory.
 MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
+# ... of mul_mat_vec1 (the plain one-column product; MV_ROWS stay the sibling steps'): 4-bit types
+# take it only below MVS_MIN_ELEMENTS (the streaming build above), matrices too small to fill the
+# GPU, where more blocks of fewer rows shorten each block's serial work: SmolLM2-135M dims Q4_1
+# (576-wide, 24 -> 48 blocks) replayed a token in 734.8 us with 4 rows, 792.4 with 8 (H100).
+MV1_ROWS = {**MV_ROWS, Q4_0: 4, Q4_1: 4}
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
 # One-column products of these types quantize their activations to int8 in the block and multiply
@@ -54,6 +59,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUA
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
+                        **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS}}
 
 
@@ -68,12 +74,13 @@ def dequant_grid(dtype: DType, n_rows: int, ne0: int) -> tuple[tuple[int, int, i
     return (-(-n_rows * tiles // WARPS), 1, 1), (32, WARPS, 1)
 
 
-def matvec_rows(dtype: DType, ne0: int, ncols: int) -> int:
-    """Weight rows one block of mul_mat_vec* takes: `slots` groups of R rows, where a row keeps
-    tpr = min(MV_THREADS, ne0 / MV_ITEM) threads busy (the kernel derives the same numbers)."""
+def matvec_rows(dtype: DType, ne0: int, ncols: int, sibling: bool = False) -> int:
+    """Weight rows one block of mul_mat_vec* (sibling: of a mul_mat_sibq* product) takes: `slots`
+    groups of R rows, where a row keeps tpr = min(MV_THREADS, ne0 / MV_ITEM) threads busy (the
+    kernel derives the same numbers)."""
     tpr = max(1, min(MV_THREADS, ne0 // MV_ITEM))
     slots = min(MV_SLOTS, MV_THREADS // tpr)
-    return slots * (MV_ROWS[dtype] if ncols == 1 else MV_ROWS_MULTI)
+    return slots * ((MV_ROWS if sibling else MV1_ROWS)[dtype] if ncols == 1 else MV_ROWS_MULTI)
 
 
 def matvec_grid(dtype: DType, n_rows: int, ne0: int,

@@ -142,7 +142,7 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
             k = Siblings("quant.cu", blocks.sibs_symbol(weights[0], act), rows, norm, act, blocks.MVS_THREADS,
                          blocks.vecs_per_block(wdt, K, R, act=True), quant=True, mvs_rows=R)
         else:
-            per = blocks.matvec_rows(wdt, K, 1)
+            per = blocks.matvec_rows(wdt, K, 1, sibling=True)
             k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
                          per // 2 if act else per, quant=True)
             if norm and sum(k.blocks) * K * F32.size > QUANT_NORM_BYTES_MAX:

@@ -264,7 +264,8 @@ __device__ __forceinline__ void dequant_rows_impl(const char* src, i64 src_nb1, 
 // run at HBM speed, while the work per weight is small enough to hide behind the loads. Design
 // (docs/quantization.md, "CUDA mat-vec", has the numbers):
 //
-// * A block of QUANT_MV_THREADS threads takes R rows (QUANT_MV_ROWS_<type> for one column,
+// * A block of QUANT_MV_THREADS threads takes R rows (QUANT_MV_ROWS_<type> for the sibling
+//   products, QUANT_MV1_ROWS_<type> for mul_mat_vec1, one column,
 //   QUANT_MV_ROWS_N for up to QUANT_MV_NMAX), or `slots` groups of R rows when rows are short
 //   (a row of K elements keeps tpr = min(threads, K / 8) threads busy, slots = min(QUANT_MV_SLOTS,
 //   threads / tpr) rows side by side: K = 576 keeps 216 of 256 threads busy). The host derives
@@ -355,7 +356,7 @@ struct XQ {
 };
 
 template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of block i >> 2, q exact
-    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q8_0, BLOCKS = 5;
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q8_0, ROWS1 = QUANT_MV1_ROWS_Q8_0, BLOCKS = 5;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
         o1 = 32 * (i >> 2) + 8 * (i & 3);
         o2 = o1 + 4;
@@ -381,7 +382,7 @@ template <> struct MV<QQ8_0> {  // item i: elements 8m..8m+7 (m = i & 3) of bloc
 };
 
 template <> struct MV<QQ4_0> {  // item i: bytes 4m..4m+3 (m = i & 3) of block i >> 2: elements 4m.., 16+4m..
-    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q4_0, BLOCKS = 4;
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q4_0, ROWS1 = QUANT_MV1_ROWS_Q4_0, BLOCKS = 4;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
         o1 = 32 * (i >> 2) + 4 * (i & 3);
         o2 = o1 + 16;
@@ -407,7 +408,7 @@ template <> struct MV<QQ4_0> {  // item i: bytes 4m..4m+3 (m = i & 3) of block i
 };
 
 template <> struct MV<QQ4_1> {  // as Q4_0 in 20-byte blocks: x = d q + m
-    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q4_1, BLOCKS = 4;
+    static constexpr int TAB = 0, SUB = 1, ROWS = QUANT_MV_ROWS_Q4_1, ROWS1 = QUANT_MV1_ROWS_Q4_1, BLOCKS = 4;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
         o1 = 32 * (i >> 2) + 4 * (i & 3);
         o2 = o1 + 16;
@@ -442,7 +443,7 @@ template <> struct MV<QQ4_K> {
     // nibbles are elements 64g + 4m.. (sub-block 2g) and high nibbles 64g + 32 + 4m.. (2g + 1).
     // Table per block: (a, b) = (d * sc, -(dmin * m) - 16 a) of sub-blocks 0..7 (an item's four
     // are one V16), so the row sum is a * sum x (16 + q) + b * sum x.
-    static constexpr int TAB = 16, SUB = 8, ROWS = QUANT_MV_ROWS_Q4_K, BLOCKS = 4;
+    static constexpr int TAB = 16, SUB = 8, ROWS = QUANT_MV_ROWS_Q4_K, ROWS1 = QUANT_MV1_ROWS_Q4_K, BLOCKS = 4;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
         const int j = i & 31;
         o1 = 256 * (i >> 5) + 64 * (j >> 3) + 4 * (j & 7);
@@ -494,7 +495,7 @@ template <> struct MV<QQ6_K> {
     // item i of block i >> 5 (j = i & 31, n = j >> 4, c = (j >> 3) & 1, l = 4 (j & 7)): ql bytes
     // 64n + 32c + l.. (low nibbles: elements 128n + 32c + l.., k = c; high: + 64, k = c + 2) and
     // qh bytes 32n + l.. (bits 2k). Table per block: d * scales[0..15].
-    static constexpr int TAB = 16, SUB = 16, ROWS = QUANT_MV_ROWS_Q6_K, BLOCKS = 3;
+    static constexpr int TAB = 16, SUB = 16, ROWS = QUANT_MV_ROWS_Q6_K, ROWS1 = QUANT_MV1_ROWS_Q6_K, BLOCKS = 3;
     static __device__ __forceinline__ void offs(int i, int& o1, int& o2) {
         const int j = i & 31;
         o1 = 256 * (i >> 5) + 128 * (j >> 4) + 32 * ((j >> 3) & 1) + 4 * (j & 7);
@@ -937,11 +938,34 @@ template <> struct MVS<QQ4_1> {
     }
 };
 
-// y[r] = sum_k W[r, k] x[k] (+ res[r]) for the block's rows. K of nblk blocks keeps tpr = min(NT,
-// nblk) threads busy per row group; slots = NT / tpr groups of R rows side by side (short rows:
-// K = 576 is 18 blocks, 7 groups of R rows a block); the host derives the same (blocks.vecs_launch).
+// The rows a block of the streaming mat-vec takes. K of nblk blocks keeps tpr = min(NT, nblk)
+// threads busy per row group; slots = NT / tpr groups of R rows side by side (short rows: K = 576
+// is 18 blocks, 7 groups of R rows a block); the host derives the same (blocks.vecs_launch).
 // ACT (the sibling SwiGLU / GeGLU step): the block's rows are `no` rows of the gate (w) and the same
-// rows of up (w2, rows as far apart), and y[r] = act(gate row r) * (up row r).
+// rows of up (w2, rows as far apart).
+template <class Q, int R, int ACT>
+struct MvsRows {
+    int nblk, tpr, slots, no, nr;  // no: output rows of the block, nr: weight rows it reads
+    i64 r0, nb1, up;
+    const char* wb;
+    __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K) {
+        nblk = K / Q::QK;
+        tpr = max(1, min(QUANT_MVS_THREADS, nblk));
+        slots = min(QUANT_MVS_SLOTS, QUANT_MVS_THREADS / tpr);
+        const int ob = ACT != MV_ACT_NONE ? slots * R / 2 : slots * R;
+        r0 = (i64)blockIdx.x * ob;
+        no = (int)max((i64)0, min((i64)ob, n_rows - r0));
+        nr = ACT != MV_ACT_NONE ? 2 * no : no;
+        nb1 = w_nb1;
+        wb = w + r0 * w_nb1;
+        up = ACT != MV_ACT_NONE ? (i64)(w2 - w) - (i64)no * w_nb1 : 0;
+    }
+    // block row j: row r0 + j of w, or (ACT, j >= no) row r0 + j - no of w2
+    __device__ __forceinline__ const char* row(int j) const { return wb + (i64)j * nb1 + (j < no ? 0 : up); }
+};
+
+// y[r] = sum_k W[r, k] x[k] (+ res[r]) for the block's rows (MvsRows); ACT: y[r] = act(gate row r)
+// * (up row r).
 template <class Q, int R, int ACT = MV_ACT_NONE>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, float* y,
                                          const float* res, i64 n_rows, int K) {
@@ -949,19 +973,14 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
     __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
-    const int tid = threadIdx.x, nblk = K / Q::QK;
-    const int tpr = max(1, min(NT, nblk)), slots = min(QUANT_MVS_SLOTS, NT / tpr), rb = slots * R;
-    const int ob = ACT != MV_ACT_NONE ? rb / 2 : rb;  // output rows per block
-    const i64 r0 = (i64)blockIdx.x * ob;
-    if (r0 >= n_rows) return;
-    const int no = (int)min((i64)ob, n_rows - r0), nr = ACT != MV_ACT_NONE ? 2 * no : no;
+    const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K);
+    if (g.no == 0) return;
+    const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
+    const i64 r0 = g.r0;
     const int nchunks = (nblk + tpr - 1) / tpr;
     const int slot = tid / tpr, item = tid - slot * tpr;
     const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
-    // block row j: row r0 + j of w, or (ACT, j >= no) row r0 + j - no of w2
-    const char* wb = w + r0 * w_nb1;
-    const i64 up = ACT != MV_ACT_NONE ? (i64)(w2 - w) - (i64)no * w_nb1 : 0;
-    auto rowp = [&](int j) -> const char* { return wb + (i64)j * w_nb1 + (j < no ? 0 : up); };
+    auto rowp = [&](int j) -> const char* { return g.row(j); };
     const int nv = rs / 16;
     const float rnv = 1.0f / (float)nv;
     auto issue = [&](int c) {
@@ -1133,7 +1152,7 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
                                     i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,         \
                                     int ncols) {                                                                  \
         gg_grid_sync();                                                                                           \
-        mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, false, false, MV_ACT_NONE, QX>(                                       \
+        mul_mat_vec_impl<Q, MV<Q>::ROWS1, 1, false, false, MV_ACT_NONE, QX>(                                      \
             w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0, ncols, blockIdx.x, MvExtra{});      \
     }
 
