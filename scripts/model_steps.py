@@ -4,7 +4,9 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch] [--fa-threads N] [--mv-rows T=N] [--mv1-rows T=N] [--trace FILE]   (A/B switches of the plan)
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
+        [--fa-threads N] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
+        [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
 from __future__ import annotations
 

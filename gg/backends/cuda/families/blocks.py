@@ -28,7 +28,8 @@ MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
 # ... of mul_mat_vec1 (the plain one-column product; MV_ROWS stay the sibling steps'): 4-bit types
 # take it only below MVS_MIN_ELEMENTS (the streaming build above), matrices too small to fill the
 # GPU, where more blocks of fewer rows shorten each block's serial work: SmolLM2-135M dims Q4_1
-# (576-wide, 24 -> 48 blocks) replayed a token in 734.8 us with 4 rows, 792.4 with 8 (H100).
+# (576-wide, 24 -> 48 blocks) replayed a token in 747.5 us with 4 rows, 786-792 with 8 (H100; the
+# siblings too at 4: 734.8, but the 8B norm+QKV step got slower, docs/performance.md).
 MV1_ROWS = {**MV_ROWS, Q4_0: 4, Q4_1: 4}
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
