@@ -5,7 +5,7 @@ its cost on the critical path, boundaries included; timing only, results are non
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
         [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
-        [--fa-threads N] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
+        [--fa-threads N] [--fa-chunk N] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
 from __future__ import annotations
@@ -31,6 +31,17 @@ def layer_range(steps, layer: int) -> range:
     first = starts[layer * per]
     nxt = starts[(layer + 1) * per] if (layer + 1) * per < len(starts) else len(steps) - 3
     return range(first, nxt)
+
+
+def fa_chunk(n: int) -> None:
+    """attention.FAST_CHUNK = n, with the head groupings the transposed-V P·V step allows (NH <=
+    n / 8) and the defines NVRTC gets."""
+    from itertools import product
+    from gg.backends.cuda.families import attention
+    attention.FAST_CHUNK = n
+    attention.HEADS = tuple(h for h in (8, 4, 2, 1) if h <= n // 8)
+    attention.DEFINES["attn.cu"].update({"FA_CHUNK": n, "GG_FOR_FA_FAST(X, ...)": " ".join(
+        f"X({nh}, {hd}, __VA_ARGS__)" for nh, hd in product(attention.HEADS, attention.FAST_HD))})
 
 
 def _trace(rt, steps, memory, path: str) -> None:
@@ -62,6 +73,7 @@ def main() -> None:
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
     ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
+    ap.add_argument("--fa-chunk", type=int, default=None, help="attention.FAST_CHUNK (positions per flash block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
     ap.add_argument("--mv1-rows", default="", help="blocks.MV1_ROWS of a type, e.g. q4_1=8 (mul_mat_vec1)")
     ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
@@ -76,6 +88,8 @@ def main() -> None:
     if a.fa_threads:
         from gg.backends.cuda.families import attention
         attention.THREADS = attention.DEFINES["attn.cu"]["FA_THREADS"] = a.fa_threads
+    if a.fa_chunk:
+        fa_chunk(a.fa_chunk)
     for table, define, arg in (("MV_ROWS", "QUANT_MV_ROWS_", a.mv_rows), ("MV1_ROWS", "QUANT_MV1_ROWS_", a.mv1_rows)):
         if arg:
             name, n = arg.split("=")
