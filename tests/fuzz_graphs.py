@@ -32,6 +32,9 @@ from reference import (NMSE_BF16, NMSE_ELEMENTWISE, NMSE_F16, NMSE_MUL_MAT, NMSE
 
 F32, F16, BF16, I32 = gg.F32, gg.F16, gg.BF16, gg.I32
 FLOATS = (F32, F16, BF16)
+# Block-quantized weights (new mul_mat weights of F32 products with K a multiple of 32): made and
+# decoded by the gguf package's own numpy quantizer, so the reference owes nothing to gg.quant.
+QUANTS = (gg.Q8_0, gg.Q4_0, gg.Q4_1)
 
 SIZES = (1, 1, 2, 3, 5, 7, 8, 16, 17, 32, 33, 65)   # odd sizes and their neighbours; 1 twice: broadcasts
 MAX_ELEMS = 2048        # elements of one tensor (the Python-loop references stay fast)
@@ -120,8 +123,18 @@ def is_contiguous(it: Item) -> bool:
 
 # ---- float64 values ---------------------------------------------------------------------------------
 
+def quantized_bytes(x, dtype) -> np.ndarray:
+    """ggml's blocks of float32 x (rows of x.shape[-1] elements), by the gguf package."""
+    from gguf import GGMLQuantizationType, quants
+    return quants.quantize(np.asarray(x, np.float32), GGMLQuantizationType[dtype.name.upper()])
+
+
 def stored(x, dtype) -> np.ndarray:
     """float64 values of x as `dtype` stores them."""
+    if dtype in QUANTS:
+        from gguf import GGMLQuantizationType, quants
+        raw = quantized_bytes(x, dtype)
+        return quants.dequantize(raw, GGMLQuantizationType[dtype.name.upper()]).astype(np.float64).reshape(np.shape(x))
     if dtype is F16:
         return round_f16(x)
     if dtype is BF16:
@@ -373,7 +386,7 @@ class _Gen:
     def candidate(self, floats=True, finite=True, fresh=0.25, stateless=False, ok=lambda it: True):
         """An existing item (recent ones more likely) or None (then the caller makes a new leaf)."""
         pool = [i for i, it in enumerate(self.items)
-                if (it.dtype is not I32) == floats and (not finite or not it.neg_inf)
+                if (it.dtype in FLOATS if floats else it.dtype is I32) and (not finite or not it.neg_inf)
                 and (not stateless or not it.stateful) and it.kind not in ("pos", "idx", "rows") and ok(it)]
         if not pool or self.draw(st.floats(0, 1)) < fresh:
             return None
@@ -482,12 +495,16 @@ class _Gen:
                 ne_b = (A.ne[0], n, A.ne[2], A.ne[3])
             b = self.leaf(ne_b, self.pick(FLOATS))
         else:                          # an existing b (activations), new weights of magnitude 1/sqrt(K)
-            b = self.operand()
+            if self.draw(st.integers(0, 3)) == 0:  # fresh F32 activations of K = 32k: quantized weights fit
+                b = self.leaf((self.pick([32, 64, 96]), self.pick([1, 1, 2, 3, 5]), self.pick([1, 2]), 1), F32)
+            else:
+                b = self.operand()
             B = self.items[b]
             m = self.pick([s for s in SIZES if s * B.ne[0] <= MAX_ELEMS])
             div2 = self.pick([d for d in range(1, B.ne[2] + 1) if B.ne[2] % d == 0])
             div3 = self.pick([d for d in range(1, B.ne[3] + 1) if B.ne[3] % d == 0])
-            a = self.leaf((B.ne[0], m, div2, div3), self.pick(FLOATS), params=(float(1 / np.sqrt(B.ne[0])),))
+            quant = QUANTS if B.dtype is F32 and B.ne[0] % 32 == 0 else ()  # (mul_mat(quantized, F32) only)
+            a = self.leaf((B.ne[0], m, div2, div3), self.pick(FLOATS + quant), params=(float(1 / np.sqrt(B.ne[0])),))
         A, B = self.items[a], self.items[b]
         ne = (A.ne[1], B.ne[1], B.ne[2], B.ne[3])
         if nelements(ne) > MAX_ELEMS or nelements(ne) * A.ne[0] > 2 ** 17:
@@ -698,6 +715,9 @@ def build(prog: Program, ctx) -> list:
             elif it.persistent:
                 t = ctx.new_tensor(it.dtype, it.ne, persistent=True)
                 t.set(leaf_values(prog.seed, i, it))
+            elif it.dtype in QUANTS:
+                t = ctx.tensor_from_bytes(quantized_bytes(leaf_values(prog.seed, i, it), it.dtype), it.dtype, it.ne)
+                COUNTS["quantized_weights"] += 1
             else:
                 t = ctx.tensor(leaf_values(prog.seed, i, it), dtype=it.dtype)
         elif it.op in VIEW_OPS:
@@ -718,7 +738,9 @@ def build(prog: Program, ctx) -> list:
             t = gg.soft_max_ext(src[0], src[1] if len(src) > 1 else None, scale=it.params[0], max_bias=it.params[1])
         else:
             t = getattr(gg, it.op)(*src, *it.params)
-        want_nb = tuple(b * it.dtype.size for b in it.nb)
+        bs = it.dtype.block_size  # a block type's nb counts blocks (nb[0]: one block's bytes)
+        want_nb = tuple(max(1, b // bs) * it.dtype.size if k == 0 else b // bs * it.dtype.size
+                        for k, b in enumerate(it.nb))
         assert (t.ne, t.dtype) == (it.ne, it.dtype), f"#{i} {it.op}: gg made ne={t.ne} {t.dtype.name}, model {it.ne} {it.dtype.name}"
         assert all(a == b for a, b, n in zip(t.nb, want_nb, it.ne) if n > 1), \
             f"#{i} {it.op}: gg nb={t.nb}, model {want_nb}"   # (the stride of a dim of 1 does not matter)

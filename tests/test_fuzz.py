@@ -44,7 +44,8 @@ class _Summary:
                 f"fuzz: {COUNTS['programs']} programs, {COUNTS['graphs']} graph computes, {COUNTS['compared']} "
                 f"values compared, {COUNTS['skipped']} ill-conditioned not compared, intermediates "
                 f"{COUNTS['intermediates_read']} read right / {COUNTS['intermediates_refused']} refused, "
-                f"{COUNTS['known_bug_skips']} reads stepped around known bugs (GG_FUZZ_EXAMPLES={EXAMPLES})")
+                f"{COUNTS['known_bug_skips']} reads stepped around known bugs, {COUNTS['quantized_weights']} "
+                f"quantized weights (GG_FUZZ_EXAMPLES={EXAMPLES})")
 
 
 @pytest.fixture(scope="module", autouse=True)
