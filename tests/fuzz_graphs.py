@@ -322,8 +322,8 @@ class Reject(Exception):
 class _Gen:
     """Draws items one op at a time, keeping generation-time float64 values for the range guards."""
 
-    def __init__(self, draw, seed: int):
-        self.draw, self.seed = draw, seed
+    def __init__(self, draw, seed: int, quant: float = 0.0):
+        self.draw, self.seed, self.quant = draw, seed, quant  # quant: new mul_mat weights that are QUANTS
         self.items: list = []
         self.vals: list = []     # generation-time values (numpy order); written leaves: current state
 
@@ -495,16 +495,19 @@ class _Gen:
                 ne_b = (A.ne[0], n, A.ne[2], A.ne[3])
             b = self.leaf(ne_b, self.pick(FLOATS))
         else:                          # an existing b (activations), new weights of magnitude 1/sqrt(K)
-            if self.draw(st.integers(0, 3)) == 0:  # fresh F32 activations of K = 32k: quantized weights fit
-                b = self.leaf((self.pick([32, 64, 96]), self.pick([1, 1, 2, 3, 5]), self.pick([1, 2]), 1), F32)
+            quantized = self.draw(st.floats(0, 1)) < self.quant  # weights of QUANTS: F32 b, K = 32k
+            if quantized:
+                b = self.candidate(ok=lambda it: it.dtype is F32 and it.ne[0] % 32 == 0)
+                if b is None:
+                    b = self.leaf((self.pick([32, 64, 96]), self.pick([1, 1, 2, 3, 5]), self.pick([1, 2]), 1), F32)
             else:
                 b = self.operand()
             B = self.items[b]
             m = self.pick([s for s in SIZES if s * B.ne[0] <= MAX_ELEMS])
             div2 = self.pick([d for d in range(1, B.ne[2] + 1) if B.ne[2] % d == 0])
             div3 = self.pick([d for d in range(1, B.ne[3] + 1) if B.ne[3] % d == 0])
-            quant = QUANTS if B.dtype is F32 and B.ne[0] % 32 == 0 else ()  # (mul_mat(quantized, F32) only)
-            a = self.leaf((B.ne[0], m, div2, div3), self.pick(FLOATS + quant), params=(float(1 / np.sqrt(B.ne[0])),))
+            dt = self.pick(QUANTS) if quantized else self.pick(FLOATS)
+            a = self.leaf((B.ne[0], m, div2, div3), dt, params=(float(1 / np.sqrt(B.ne[0])),))
         A, B = self.items[a], self.items[b]
         ne = (A.ne[1], B.ne[1], B.ne[2], B.ne[3])
         if nelements(ne) > MAX_ELEMS or nelements(ne) * A.ne[0] > 2 ** 17:
@@ -663,9 +666,11 @@ class _Gen:
 
 
 @st.composite
-def programs(draw, min_ops: int = 2, max_ops: int = 30, ops=ALL_OPS, max_graphs: int = 3, keep_ok: bool = True):
-    """A random Program: 2-30 op nodes over random leaves, 1-3 graphs over them, a compute order."""
-    gen = _Gen(draw, draw(st.integers(0, 2 ** 31 - 1)))
+def programs(draw, min_ops: int = 2, max_ops: int = 30, ops=ALL_OPS, max_graphs: int = 3, keep_ok: bool = True,
+             quant: float = 0.15):
+    """A random Program: 2-30 op nodes over random leaves, 1-3 graphs over them, a compute order;
+    `quant` of the products with new weights get quantized ones."""
+    gen = _Gen(draw, draw(st.integers(0, 2 ** 31 - 1)), quant)
     n_ops = draw(st.integers(min_ops, max_ops))
     tries = 0
     while sum(it.op is not None for it in gen.items) < n_ops and tries < 4 * max_ops:

@@ -87,6 +87,25 @@ def test_fuzz_cuda(prog):
     check_program(prog, ("cuda", "cpu"))
 
 
+# Products and what surrounds them in a transformer (norms, activations, residuals, row gathers,
+# views): more mul_mat nodes a program, so quantized weights (fuzz_graphs.QUANTS) occur in every run.
+MATMUL_OPS = ("mul_mat", "mul_mat", "add", "mul", "scale", "silu", "rms_norm", "get_rows", "cont", "permute",
+              "transpose", "view_2d", "reshape")
+
+
+@fuzz
+@given(prog=programs(ops=MATMUL_OPS, max_ops=12, quant=0.6))
+def test_fuzz_mul_mat_cpu(prog):
+    check_program(prog, ("cpu",))
+
+
+@pytest.mark.cuda
+@fuzz
+@given(prog=programs(ops=MATMUL_OPS, max_ops=12, quant=0.6))
+def test_fuzz_mul_mat_cuda(prog):
+    check_program(prog, ("cuda", "cpu"))
+
+
 # ---- bugs the fuzzer found, shrunk by hand and fixed (kept as regression tests) ----
 # A new bug goes here as an xfail(strict=True) test with an entry in fuzz_graphs.KNOWN_BUGS (the
 # fuzzer steps around it meanwhile); both go once it is fixed.
