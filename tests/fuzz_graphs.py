@@ -123,18 +123,23 @@ def is_contiguous(it: Item) -> bool:
 
 # ---- float64 values ---------------------------------------------------------------------------------
 
+def _gguf(dtype):
+    """The gguf package's numpy quantizer and its name for `dtype` (a test dependency)."""
+    from gguf import GGMLQuantizationType, quants
+    return quants, GGMLQuantizationType[dtype.name.upper()]
+
+
 def quantized_bytes(x, dtype) -> np.ndarray:
     """ggml's blocks of float32 x (rows of x.shape[-1] elements), by the gguf package."""
-    from gguf import GGMLQuantizationType, quants
-    return quants.quantize(np.asarray(x, np.float32), GGMLQuantizationType[dtype.name.upper()])
+    quants, t = _gguf(dtype)
+    return quants.quantize(np.asarray(x, np.float32), t)
 
 
 def stored(x, dtype) -> np.ndarray:
     """float64 values of x as `dtype` stores them."""
     if dtype in QUANTS:
-        from gguf import GGMLQuantizationType, quants
-        raw = quantized_bytes(x, dtype)
-        return quants.dequantize(raw, GGMLQuantizationType[dtype.name.upper()]).astype(np.float64).reshape(np.shape(x))
+        quants, t = _gguf(dtype)
+        return quants.dequantize(quantized_bytes(x, dtype), t).astype(np.float64).reshape(np.shape(x))
     if dtype is F16:
         return round_f16(x)
     if dtype is BF16:
