@@ -99,18 +99,28 @@ def streams(a: Tensor) -> bool:
             and a.view_offs % align == 0 and a.ne[0] * a.ne[1] >= MVS_MIN_ELEMENTS)
 
 
-def matvec1_symbol(a: Tensor) -> str:
-    """The one-column mat-vec for weights `a`: the streaming build, or mul_mat_vec1_* (with int8
-    activations for QX_TYPES)."""
-    t = a.dtype.name
+def matvec1(a: Tensor) -> tuple[str, int]:
+    """The one-column mat-vec for weights `a` and its R: the streaming build (mul_mat_vecs<R>_*),
+    or mul_mat_vec1_* (with int8 activations for QX_TYPES) and 0."""
     if streams(a):
-        return f"mul_mat_vecs{vecs_rows(a.dtype, a.ne[1], a.ne[0])}_{t}_f32_qx"
-    return f"mul_mat_vec1_{t}_f32{qx(a.dtype)}"
+        R = vecs_rows(a.dtype, a.ne[1], a.ne[0])
+        return f"mul_mat_vecs{R}_{a.dtype.name}_f32_qx", R
+    return f"mul_mat_vec1_{a.dtype.name}_f32{qx(a.dtype)}", 0
+
+
+def matvec1_symbol(a: Tensor) -> str:
+    """matvec1's kernel name."""
+    return matvec1(a)[0]
+
+
+def sibs_name(dtype: DType, R: int, act: str) -> str:
+    """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>_*)."""
+    return f"mul_mat_sibs{R}_{act}_{dtype.name}_f32_qx"
 
 
 def sibs_symbol(gate: Tensor, act: str) -> str:
     """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
-    return f"mul_mat_sibs{vecs_rows(gate.dtype, 2 * gate.ne[1], gate.ne[0])}_{act}_{gate.dtype.name}_f32_qx"
+    return sibs_name(gate.dtype, vecs_rows(gate.dtype, 2 * gate.ne[1], gate.ne[0]), act)
 
 
 def _slots(dtype: DType, ne0: int) -> tuple[int, int]:

@@ -281,9 +281,9 @@ def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: T
             return None
     if p == "vec":
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
-        if ncols == 1 and blocks.streams(a):
-            return QuantMatVec("quant.cu", blocks.matvec1_symbol(a), blocks.vecs_rows(a.dtype, a.ne[1], a.ne[0]))
-        return QuantMatVec("quant.cu", blocks.matvec1_symbol(a) if ncols == 1 else f"mul_mat_vec_{t}_f32")
+        if ncols == 1:
+            return QuantMatVec("quant.cu", *blocks.matvec1(a))
+        return QuantMatVec("quant.cu", f"mul_mat_vec_{t}_f32")
     if p == "gemm":
         # cuBLAS reads b cast to F16 (src_dtype); the tiled kernel reads b as it is
         gemm = "cublas_gemm" if have_cublas() else f"mul_mat_tiled_f16_{b.dtype.name}"

@@ -139,7 +139,7 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         if act and not norm and blocks.streams(weights[0]) and blocks.streams(weights[1]):  # kernels/quant.cu mvs_impl
             R = blocks.vecs_rows(wdt, 2 * rows[0], K)
-            k = Siblings("quant.cu", blocks.sibs_symbol(weights[0], act), rows, norm, act, blocks.MVS_THREADS,
+            k = Siblings("quant.cu", blocks.sibs_name(wdt, R, act), rows, norm, act, blocks.MVS_THREADS,
                          blocks.vecs_per_block(wdt, K, R, act=True), quant=True, mvs_rows=R)
         else:
             per = blocks.matvec_rows(wdt, K, 1, sibling=True)
@@ -318,7 +318,8 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
     """k (the products' step) that also does the `tail` of ropes and writes, or None."""
     if k.act or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
         return None
-    if not QUANT_EPILOGUE if k.quant else k.per != 2:  # siblings.cu's epilogue ropes a block's two rows
+    allowed = QUANT_EPILOGUE if k.quant else k.per == 2  # siblings.cu's epilogue ropes a block's two rows
+    if not allowed:
         return None
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []

@@ -980,7 +980,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const int nchunks = (nblk + tpr - 1) / tpr;
     const int slot = tid / tpr, item = tid - slot * tpr;
     const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
-    auto rowp = [&](int j) -> const char* { return g.row(j); };
     const int nv = rs / 16;
     const float rnv = 1.0f / (float)nv;
     auto issue = [&](int c) {
@@ -989,7 +988,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #pragma unroll 1
         for (int v = tid; v < nr * nv; v += NT) {
             const int j = fdiv(v, rnv), k = v - j * nv;
-            const char* p = rowp(j) + (i64)c * cb;
+            const char* p = g.row(j) + (i64)c * cb;
             const int off = (int)((unsigned long long)p & 15u), have = off + bytes - 16 * k;
             if (have > 0) cp_async16(sb + j * rs + 16 * k, p - off + 16 * k, min(have, 16));
         }
@@ -1015,7 +1014,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             for (int m = 0; m < R; ++m) {
                 const int j = slot * R + m;
                 if (j < nr) {
-                    const unsigned off = (unsigned)((unsigned long long)(rowp(j) + (i64)c * cb) & 15u);
+                    const unsigned off = (unsigned)((unsigned long long)(g.row(j) + (i64)c * cb) & 15u);
                     acc[m] = MVS<Q>::dot(sb + j * rs + off, xb, acc[m]);
                 }
             }
