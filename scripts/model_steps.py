@@ -71,7 +71,10 @@ def main() -> None:
     ap.add_argument("--quant-epilogue", action="store_true", help="the epilogue on quantized weights too")
     ap.add_argument("--no-stream", action="store_true", help="mul_mat_vec1 for every one-column product")
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
+    ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
+                    "product; 1: whole rows)")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
+    ap.add_argument("--no-early", action="store_true", help="launch.EARLY_WEIGHTS off")
     ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
     ap.add_argument("--fa-chunk", type=int, default=None, help="attention.FAST_CHUNK (positions per flash block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
@@ -98,8 +101,13 @@ def main() -> None:
     if a.no_l2_prefetch:
         from gg.backends.cuda import launch
         launch.L2_PREFETCH = False
+    if a.no_early:
+        from gg.backends.cuda import launch
+        launch.EARLY_WEIGHTS = False
     if a.min_blocks is not None:
         blocks.MVS_MIN_BLOCKS = a.min_blocks
+    if a.mvs_parts is not None:
+        blocks.MVS_PARTS = a.mvs_parts
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
     dec = m._decoder("argmax")
     dec.run([1], a.n_past)

@@ -130,8 +130,30 @@ def test_streaming_matvec_rows_per_block(rows, k, R, slots, monkeypatch):
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     w = gg.new_tensor(gg.Q4_0, (k, rows))
     assert blocks.matvec1_symbol(w) == f"mul_mat_vecs{R}_q4_0_f32_qx"
-    grid, block, smem = blocks.vecs_launch(gg.Q4_0, rows, k)
+    v = blocks.matvec1(w)[1]
+    assert v is not None and v.parts == 1 and (v.R, v.slots) == (R, slots)
+    grid, block, smem = v.launch(gg.Q4_0)
     assert grid[0] == -(-rows // (R * slots)) and block == (blocks.MVS_THREADS, 1, 1) and smem >= 4 * R * block[0]
+
+
+@pytest.mark.parametrize("rows,k,parts,per,R", [(4096, 14336, 4, 112, 16), (4096, 4128, 2, 65, 16),
+                                               (200, 14336, 4, 112, 4), (14336, 4096, 1, 128, 16),
+                                               (33, 32 * 128 * 9, 8, 144, 4)])
+def test_streaming_matvec_cuts_long_rows(rows, k, parts, per, R, monkeypatch):
+    """Rows longer than one chunk (blocks.MVS_THREADS quant blocks) are cut into that many parts
+    (at most MVS_MAX_PARTS, a part then takes several chunks), a block each; the parts' sums need
+    scratch (parts x rows floats) and a ticket per row block in the step's table bytes."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    w = gg.new_tensor(gg.Q4_0, (k, rows))
+    v = blocks.matvec1(w)[1]
+    assert v is not None and (v.parts, v.per, v.R) == (parts, per, R)
+    grid, _, smem = v.launch(gg.Q4_0)
+    assert grid[0] == v.row_blocks * parts and v.row_blocks == -(-rows // (R * v.slots))
+    assert (v.scratch, v.table) == ((4 * parts * rows, 4 * v.row_blocks) if parts > 1 else (0, 0))
+    stages = 1 if per <= blocks.MVS_THREADS else 2
+    assert smem == stages * v.slots * R * ((v.tpr * gg.Q4_0.size + 31) // 16 * 16)
+    g = gg.build_forward(gg.mul_mat(w, gg.new_tensor(gg.F32, (k,))), backends=("cuda",))
+    assert g.plan.steps[-1].choice.vecs == v and g.plan.steps[-1].choice.scratch == v.scratch
 
 
 @pytest.mark.cuda
@@ -144,22 +166,89 @@ def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng, mo
     """mul_mat_vecs<R>_*: one block and a partial last chunk (K = 32, 4128), rows that start off a
     16-byte boundary (a view from row `lo`; K = 576), an x not 16-byte aligned (`xoff` floats into
     a row), the residual added as it writes, every R of blocks.MVS_ROWS (4500 rows take 16, 3000
-    rows 8, 9000 rows of 5 blocks 4 in 8 groups a block); NMSE against float64 within ggml's bound."""
+    rows 8, 9000 rows of 5 blocks 4 in 8 groups a block), rows cut into parts (K = 4128: 2, 14336:
+    4), computed twice; NMSE against float64 within ggml's bound."""
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     ctx = gg.Context()
     w_all = random_weights(rng, dt, rows + lo, k, ctx)
     w = gg.view_2d(w_all, k, rows, w_all.nb[1], lo * w_all.nb[1])
     xa = rng.standard_normal(k + xoff).astype(np.float32)
-    x = gg.view_1d(ctx.tensor(xa), k, xoff * 4)
+    xt = ctx.tensor(xa)
+    x = gg.view_1d(xt, k, xoff * 4)
     y = gg.mul_mat(w, x)
     ra = rng.standard_normal(rows).astype(np.float32)
     out = gg.add(y, ctx.tensor(ra)) if res else y
     g = gg.build_forward(out, backends=("cuda",))
     assert [s.kernel for s in g.plan.steps] == [blocks.matvec1_symbol(w)]
     assert blocks.matvec1_symbol(w).startswith("mul_mat_vecs")
-    g.compute()
-    want = w_all.numpy()[lo:].astype(np.float64) @ xa[xoff:].astype(np.float64) + (ra if res else 0.0)
-    assert nmse(out.numpy().reshape(-1), want) <= NMSE_QUANT_ACTIVATIONS
+    for _ in range(2):  # again with a new x: long rows' parts meet through tickets the last block resets
+        g.compute()
+        want = w_all.numpy()[lo:].astype(np.float64) @ xa[xoff:].astype(np.float64) + (ra if res else 0.0)
+        assert nmse(out.numpy().reshape(-1), want) <= NMSE_QUANT_ACTIVATIONS
+        xa = rng.standard_normal(k + xoff).astype(np.float32)
+        xt.set(xa)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", blocks.STREAM_TYPES)
+def test_streaming_chain_early_weights_change_nothing(dt, rng, monkeypatch):
+    """An FFN of streaming steps (gate/up + SwiGLU, down in 3 parts + residual, then a product of
+    that): the blocks copy their first weights before waiting for the kernel before them
+    (launch.EARLY_WEIGHTS) or after; the results are the same bits, over two computes with new x."""
+    from gg.backends.cuda import launch
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    ctx = gg.Context()
+    K, F = 1024, 32 * 264  # down: 264 blocks a row, 3 parts
+    wg, wu = random_weights(rng, dt, F, K, ctx), random_weights(rng, dt, F, K, ctx)
+    wd, wo = random_weights(rng, dt, K, F, ctx), random_weights(rng, dt, 300, K, ctx)
+    xt = ctx.tensor(rng.standard_normal(K).astype(np.float32))
+    h = gg.add(gg.mul_mat(wd, gg.mul(gg.silu(gg.mul_mat(wg, xt)), gg.mul_mat(wu, xt))), xt)
+    y = gg.mul_mat(wo, h)
+    xs = [rng.standard_normal(K).astype(np.float32) for _ in range(2)]
+    got = []
+    for early in (True, False):
+        monkeypatch.setattr(launch, "EARLY_WEIGHTS", early)
+        g = gg.build_forward(y, backends=("cuda",))
+        assert [s.kernel.split("_")[2][:4] for s in g.plan.steps] == ["sibs", "vecs", "vecs"]
+        assert g.plan.steps[1].choice.vecs.parts == 3
+        for xa in xs:
+            xt.set(xa)
+            g.compute()
+            got.append(y.numpy().copy())
+    np.testing.assert_array_equal(got[0], got[2])
+    np.testing.assert_array_equal(got[1], got[3])
+    x64 = xs[1].astype(np.float64)
+    g64, u64 = wg.numpy().astype(np.float64) @ x64, wu.numpy().astype(np.float64) @ x64
+    h64 = wd.numpy().astype(np.float64) @ (g64 / (1 + np.exp(-g64)) * u64) + x64
+    assert nmse(got[1].reshape(-1), wo.numpy().astype(np.float64) @ h64) <= 4 * NMSE_QUANT_ACTIVATIONS
+
+
+def test_unwritten_weights(monkeypatch):
+    """launch.unwritten: a tensor whose bytes no step of the plan being lowered writes (outputs or
+    scratch); outside a lowering with its steps, nothing counts as unwritten."""
+    from types import SimpleNamespace
+    from gg.backends.cuda import launch
+    ctx = gg.Context()
+    out, w, v = ctx.new_tensor(gg.F32, (64,)), ctx.new_tensor(gg.Q4_0, (64, 4)), ctx.new_tensor(gg.F32, (8,))
+    where = {out: 0, w: 256, v: 512}
+
+    class Memory:
+        def locate(self, t):
+            return SimpleNamespace(ptr=1 << 32), where[t.root]
+
+        def workspace(self, step, kind):
+            return SimpleNamespace(ptr=1 << 32), 1024
+
+    step = SimpleNamespace(outs=[out], choice=SimpleNamespace(scratch=64))
+    with launch.bound(Memory(), [step]):
+        assert launch.unwritten(w) and launch.unwritten(v)
+        where[v] = 1000  # overlaps the scratch [1024, 1088)
+        assert not launch.unwritten(v)
+        where[w] = 200  # 64 x 4 Q4_0 = 4 blocks of 18 bytes: [200, 272) meets out's [0, 256)
+        assert not launch.unwritten(w)
+    with launch.bound(Memory()):
+        where[w] = 4096
+        assert not launch.unwritten(w)
 
 
 @pytest.mark.cuda

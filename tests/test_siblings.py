@@ -439,7 +439,7 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
 @cuda
 @pytest.mark.parametrize("dt", QTYPES)
 @pytest.mark.parametrize("act", ["silu", "gelu"])
-@pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True)])
+@pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True), (8448, 77, False)])
 def test_cuda_quant_swiglu(rng, dt, act, K, M, norm, monkeypatch):
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # the streaming build (Q4_0/Q4_1 without the norm)
     outs, refs = quant_siblings(rng, [dt] * 2, K, (M, M), norm=norm, act=act)

@@ -13,21 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...tensor import Tensor
-from .launch import Launch, addr, scratch
-
-
-def _span(t: Tensor) -> tuple[int, int]:
-    lo, hi = t.extent()
-    start = addr(t)
-    return start, start + (hi - lo)
-
-
-def _scratch(step) -> list[tuple[int, int]]:
-    """The step's planned scratch bytes (arena memory other steps' tensors use before and after
-    it): written by the step like its outputs."""
-    nbytes = getattr(getattr(step, "choice", None), "scratch", 0)
-    return [(scratch(step), scratch(step) + nbytes)] if nbytes else []
+from .launch import Launch, span
+from .launch import writes as step_writes
 
 
 def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
@@ -48,8 +35,8 @@ def side_steps(steps: Sequence, per_step: Sequence[Sequence]) -> list[Branch]:
     """Steps that can leave the main stream: only gg's own kernels (cuBLAS calls share a
     workspace and a stream-bound handle), never the first step, and only where the step does not
     depend on the one right before it (otherwise nothing would overlap)."""
-    reads = [[_span(t) for t in s.inputs] for s in steps]
-    writes = [[_span(t) for t in s.outs] + _scratch(s) for s in steps]
+    reads = [[span(t) for t in s.inputs] for s in steps]
+    writes = [step_writes(s) for s in steps]
 
     def conflict(i: int, j: int) -> bool:
         return (_overlap(writes[i], reads[j]) or _overlap(writes[i], writes[j])

@@ -20,17 +20,20 @@ from .driver import check, cu
 # The memory of the plan being lowered. Lowering happens once per plan, under the backend's lock
 # (`bound`), so the lowering functions ask `addr` rather than carry the plan's memory around.
 _memory: Any = None
+_written: list[tuple[int, int]] | None = None  # device byte ranges the plan's steps write
 
 
 @contextlib.contextmanager
-def bound(memory: Any) -> Iterator[None]:
-    """Lower steps whose tensors live where `memory` (gg.backends.base.Memory) says."""
-    global _memory
-    outer, _memory = _memory, memory
+def bound(memory: Any, steps: Sequence = ()) -> Iterator[None]:
+    """Lower `steps`, whose tensors live where `memory` (gg.backends.base.Memory) says."""
+    global _memory, _written
+    outer = _memory, _written
+    _memory = memory
     try:
+        _written = [w for s in steps for w in writes(s)] if steps else None
         yield
     finally:
-        _memory = outer
+        _memory, _written = outer
 
 
 def addr(t: Tensor) -> int:
@@ -39,6 +42,27 @@ def addr(t: Tensor) -> int:
         raise RuntimeError("cuda: addr() outside lowering (no bound memory)")
     buf, off = _memory.locate(t)
     return buf.ptr + off + t.view_offs
+
+
+def span(t: Tensor) -> tuple[int, int]:
+    """The device bytes [start, end) t's elements lie in."""
+    lo, hi = t.extent()
+    start = addr(t)
+    return start, start + (hi - lo)
+
+
+def writes(step: Any) -> list[tuple[int, int]]:
+    """The device bytes a step writes: its outputs and its planned scratch (arena memory other
+    steps' tensors use before and after it)."""
+    nbytes = getattr(getattr(step, "choice", None), "scratch", 0)
+    return [span(t) for t in step.outs] + ([(scratch(step), scratch(step) + nbytes)] if nbytes else [])
+
+
+def unwritten(t: Tensor) -> bool:
+    """No step of the plan being lowered writes any of t's bytes: a kernel may read them before
+    it waits for its predecessor (common.cuh gg_grid_wait). False outside a plan's lowering."""
+    lo, hi = span(t)
+    return _written is not None and not any(a < hi and lo < b for a, b in _written)
 
 
 def scratch(step: Any) -> int:
@@ -66,6 +90,10 @@ def error_code(rt, what: str) -> int:
 # for their predecessor (common.cuh gg_l2_prefetch). Decode on the H100: 85.2 -> 83.8 us with
 # both; the flash's alone 85.1 -> 84.1, the mat-vec's alone 0 to 0.4 us.
 L2_PREFETCH = True
+# The streaming quantized mat-vec copies its first chunk of weights no step writes into shared
+# memory before that wait (kernels/quant.cu mvs_impl), and lets its successor launch only once
+# its own copies have landed. False: it copies after the wait (A/B, tests of both).
+EARLY_WEIGHTS = True
 
 
 class Args:

@@ -25,7 +25,7 @@ class Program:
         self.rt = rt
         self.steps = list(steps)
         self.graph_exec = None
-        with rt.enter(), bound(memory):
+        with rt.enter(), bound(memory, steps):
             self.per_step: list[list[Callable[[], None]]] = [lower(rt, s, i) for i, s in enumerate(self.steps)]
         self.records = [r for rs in self.per_step for r in rs]
         self.names = [f"{'+'.join(s.ops)} ({s.kernel})" for s in self.steps]

@@ -3,10 +3,15 @@ file, shared by the two families that use it — matmul (mat-vec reading the blo
 dequantized to F16 for a GEMM) and rows (get_rows of a quantized table). It runs no op itself."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import product
+
+import numpy as np
 
 from ....dtypes import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, DType
 from ....tensor import Tensor
+from .. import launch
+from ..launch import Args
 from .common import Variant
 
 TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
@@ -52,6 +57,12 @@ MVS_THREADS = 128
 MVS_SLOTS = 8
 MVS_ROWS = (16, 8, 4)
 MVS_MIN_BLOCKS = 264
+# Long rows are cut into K parts, a block each, so that a down projection (K = 14336: 4096 rows)
+# has as many blocks in flight as a gate/up one; the parts' sums meet in the last block
+# (Vecs). Nsight Compute on llama-3-8B dims: 512 blocks of whole rows kept 15 warps an SM and
+# 40% of DRAM bandwidth, latency-bound (docs/performance.md).
+MVS_MAX_PARTS = 8
+MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
 # elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
 # dims (4M-59M) gain (docs/performance.md).
@@ -99,13 +110,13 @@ def streams(a: Tensor) -> bool:
             and a.view_offs % align == 0 and a.ne[0] * a.ne[1] >= MVS_MIN_ELEMENTS)
 
 
-def matvec1(a: Tensor) -> tuple[str, int]:
-    """The one-column mat-vec for weights `a` and its R: the streaming build (mul_mat_vecs<R>_*),
-    or mul_mat_vec1_* (with int8 activations for QX_TYPES) and 0."""
+def matvec1(a: Tensor) -> tuple[str, "Vecs | None"]:
+    """The one-column mat-vec for weights `a`: the streaming build (mul_mat_vecs<R>_*) and its
+    geometry, or mul_mat_vec1_* (with int8 activations for QX_TYPES) and None."""
     if streams(a):
-        R = vecs_rows(a.dtype, a.ne[1], a.ne[0])
-        return f"mul_mat_vecs{R}_{a.dtype.name}_f32_qx", R
-    return f"mul_mat_vec1_{a.dtype.name}_f32{qx(a.dtype)}", 0
+        s = vecs(a.dtype, a.ne[1], a.ne[0])
+        return f"mul_mat_vecs{s.R}_{a.dtype.name}_f32_qx", s
+    return f"mul_mat_vec1_{a.dtype.name}_f32{qx(a.dtype)}", None
 
 
 def matvec1_symbol(a: Tensor) -> str:
@@ -120,39 +131,88 @@ def sibs_name(dtype: DType, R: int, act: str) -> str:
 
 def sibs_symbol(gate: Tensor, act: str) -> str:
     """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
-    return sibs_name(gate.dtype, vecs_rows(gate.dtype, 2 * gate.ne[1], gate.ne[0]), act)
+    return sibs_name(gate.dtype, vecs(gate.dtype, gate.ne[1], gate.ne[0], act=True).R, act)
 
 
-def _slots(dtype: DType, ne0: int) -> tuple[int, int]:
-    """(row groups per block, threads per row group) of kernels/quant.cu mvs_impl for rows of ne0."""
-    tpr = max(1, min(MVS_THREADS, ne0 // dtype.block_size))
-    return min(MVS_SLOTS, MVS_THREADS // tpr), tpr
+@dataclass(frozen=True)
+class Vecs:
+    """The launch of the streaming mat-vec (mul_mat_vecs<R>_* / mul_mat_sibs<R>_*), decided at
+    plan time; kernels/quant.cu MvsRows derives the same from (n_rows, K, parts). A row of K is cut
+    into `parts` parts (blocks of one row block side by side: blockIdx.x = row block * parts +
+    part) of `per` quant blocks; `tpr` threads take a part's row group, `slots` groups of R rows a
+    block (short rows). With parts > 1 each block writes its partial sums to scratch and the last
+    block of a row block (a ticket in the step's table bytes, reset by that block) adds them up in
+    part order: the same sums whichever block comes last."""
+
+    R: int
+    parts: int
+    per: int
+    tpr: int
+    slots: int
+    weight_rows: int  # act: gate's and up's
+    act: bool
+
+    @property
+    def out_per_block(self) -> int:
+        """Output rows one row block writes (act: half its weight rows)."""
+        return self.R * self.slots // (2 if self.act else 1)
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-(self.weight_rows // (2 if self.act else 1)) // self.out_per_block)
+
+    @property
+    def scratch(self) -> int:
+        """Partial sums: parts x weight rows floats."""
+        return 4 * self.parts * self.weight_rows if self.parts > 1 else 0
+
+    @property
+    def table(self) -> int:
+        """A ticket (int32) per row block."""
+        return 4 * self.row_blocks if self.parts > 1 else 0
+
+    def launch(self, dtype: DType) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """Grid, block and dynamic shared memory: one stage (two when a part is more than one chunk)
+        of slots * R rows, each row's chunk padded by 16 bytes for rows that start off a 16-byte
+        boundary; at least the R * MVS_THREADS partial sums of the short-row reduction."""
+        stages = 1 if self.per <= self.tpr else 2
+        pitch = (self.tpr * dtype.size + 31) // 16 * 16
+        smem = max(stages * self.slots * self.R * pitch, 4 * self.R * MVS_THREADS if self.slots > 1 else 0)
+        return (self.row_blocks * self.parts, 1, 1), (MVS_THREADS, 1, 1), smem
 
 
-def vecs_rows(dtype: DType, weight_rows: int, ne0: int) -> int:
-    """R of mul_mat_vecs<R>_* / mul_mat_sibs<R>_* over `weight_rows` rows (SwiGLU: gate's and up's),
-    decided at plan time (the kernel's name carries it; the step's choice stores it)."""
-    slots, _ = _slots(dtype, ne0)
-    return next((r for r in MVS_ROWS if -(-weight_rows // (r * slots)) >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
+def vecs_parts(dtype: DType, ne0: int) -> int:
+    """K parts of a streaming product: one chunk (MVS_THREADS quant blocks) a part, at most
+    MVS_MAX_PARTS; MVS_PARTS > 0 forces a count (A/B)."""
+    nblk = ne0 // dtype.block_size
+    want = MVS_PARTS or -(-nblk // MVS_THREADS)
+    return max(1, min(MVS_MAX_PARTS, want, nblk))
 
 
-def vecs_per_block(dtype: DType, ne0: int, R: int, act: bool = False) -> int:
-    """Output rows one block of mul_mat_vecs<R>_* (act: mul_mat_sibs<R>_*) writes."""
-    return R * _slots(dtype, ne0)[0] // (2 if act else 1)
+def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False) -> Vecs:
+    """The streaming build's geometry for a product of n_rows rows of ne0 (act: gate's rows; up
+    has as many): R is the largest of MVS_ROWS that still gives MVS_MIN_BLOCKS blocks (parts
+    included), else the smallest."""
+    rows = n_rows * (2 if act else 1)
+    parts = vecs_parts(dtype, ne0)
+    per = -(-(ne0 // dtype.block_size) // parts)
+    tpr = max(1, min(MVS_THREADS, per))
+    slots = min(MVS_SLOTS, MVS_THREADS // tpr)
+    R = next((r for r in MVS_ROWS if -(-rows // (r * slots)) * parts >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
+    return Vecs(R, parts, per, tpr, slots, rows, act)
 
 
-def vecs_launch(dtype: DType, n_rows: int, ne0: int, R: int | None = None,
-                act: bool = False) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """mul_mat_vecs<R>_* (act: mul_mat_sibs<R>_*, n_rows outputs from twice as many weight rows;
-    R None: vecs_rows' choice): grid, block and dynamic shared memory: one stage (two when a row is
-    more than one chunk) of slots * R rows, each row's chunk padded by 16 bytes for rows that start
-    off a 16-byte boundary; at least the R * MVS_THREADS partial sums of the short-row reduction."""
-    R = vecs_rows(dtype, n_rows * (2 if act else 1), ne0) if R is None else R
-    slots, tpr = _slots(dtype, ne0)
-    stages = 1 if ne0 // dtype.block_size <= tpr else 2
-    pitch = (tpr * dtype.size + 31) // 16 * 16
-    smem = max(stages * slots * R * pitch, 4 * R * MVS_THREADS if slots > 1 else 0)
-    return (-(-n_rows // vecs_per_block(dtype, ne0, R, act)), 1, 1), (MVS_THREADS, 1, 1), smem
+def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
+    """The streaming kernels' last arguments: parts, the partial sums (step scratch), the row
+    blocks' tickets (table bytes, zero at prepare time; the last block of each resets its own),
+    and whether the blocks may copy their first chunk of `weights` before waiting for the kernel
+    before them (no step of the plan writes them: launch.unwritten)."""
+    early = launch.EARLY_WEIGHTS and all(launch.unwritten(w) for w in weights)
+    if v.parts == 1:
+        args.i32(1).ptr(0).ptr(0)
+    else:
+        args.i32(v.parts).ptr(launch.scratch(step)).ptr(launch.table(step, np.zeros(v.row_blocks, np.int32)))
+    return args.i32(int(early))
 
 
 def variants() -> list[Variant]:

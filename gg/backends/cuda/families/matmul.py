@@ -17,6 +17,7 @@ from ....tensor import Tensor
 from .. import launch
 from ..launch import Args, Launch, addr, error_code, scratch, table
 from . import blocks
+from .blocks import Vecs
 from . import rope as rope_family
 from . import siblings
 from .common import (FLOAT_NAMES, GRID_X_MAX, GRID_YZ_MAX, Kernel, Srcs, Variant, code, floats, node_srcs,
@@ -70,10 +71,10 @@ class Epilogue(NormMatVec):
 @dataclass(frozen=True)
 class QuantMatVec(Kernel):
     """Quantized weights times up to blocks.MAX_COLS F32 columns, reading the blocks in place
-    (and adding the residual of a fused mul_mat+add as it writes). `rows`: R of the streaming
-    build (mul_mat_vecs<R>_*), 0 for mul_mat_vec[1]_*."""
+    (and adding the residual of a fused mul_mat+add as it writes). `vecs`: the streaming build's
+    geometry (mul_mat_vecs<R>_*), None for mul_mat_vec[1]_*."""
 
-    rows: int = 0
+    vecs: Vecs | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,8 @@ def _choose_quant(ops: tuple[str, ...], nodes: Sequence[Tensor], a: Tensor, b: T
     if p == "vec":
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
         if ncols == 1:
-            return QuantMatVec("quant.cu", *blocks.matvec1(a))
+            symbol, v = blocks.matvec1(a)
+            return QuantMatVec("quant.cu", symbol, v, scratch=v.scratch if v else 0, table=v.table if v else 0)
         return QuantMatVec("quant.cu", f"mul_mat_vec_{t}_f32")
     if p == "gemm":
         # cuBLAS reads b cast to F16 (src_dtype); the tiled kernel reads b as it is
@@ -394,12 +396,12 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if k.file == "cublas":
         from ..cublas import Gemm
         return [Gemm(rt, what, out, a, b, addr)]
-    if isinstance(k, QuantMatVec) and k.rows:
-        grid, block, smem = blocks.vecs_launch(a.dtype, a.ne[1], a.ne[0], k.rows)
+    if isinstance(k, QuantMatVec) and k.vecs:
+        grid, block, smem = k.vecs.launch(a.dtype)
         r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
         args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).ptr(addr(out)).ptr(addr(r) if r is not None else 0)
                 .i64(a.ne[1]).i64(a.ne[0]))
-        return [Launch(rt, k.file, k.symbol, grid, block, args, smem=smem, what=what)]
+        return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, a), smem=smem, what=what)]
     if isinstance(k, QuantMatVec):
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
         grid, block = blocks.matvec_grid(a.dtype, a.ne[1], a.ne[0], ncols)

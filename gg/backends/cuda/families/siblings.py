@@ -20,6 +20,7 @@ from ....tensor import Tensor
 from .. import launch
 from ..launch import Args, Launch, addr, error_code, table
 from . import blocks
+from .blocks import Vecs
 from . import rope as rope_family
 from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, code, node_srcs, rows_aligned
 
@@ -48,7 +49,7 @@ class Siblings(Kernel):
     whether the step normalizes its input, the epilogue's activation ("" for none), the
     threads per block (fewer for short rows, so that every thread has a load), the output rows
     a block writes (`per`), whether the weights are block-quantized (kernels/quant.cu) and, for
-    the streaming SwiGLU build (mul_mat_sibs<R>_*), its R (`mvs_rows`; 0 for the others)."""
+    the streaming SwiGLU build (mul_mat_sibs<R>_*), its geometry (`vecs`; None for the others)."""
 
     rows: tuple[int, ...]
     norm: bool
@@ -56,7 +57,7 @@ class Siblings(Kernel):
     threads: int
     per: int
     quant: bool = False
-    mvs_rows: int = 0
+    vecs: Vecs | None = None
 
     @property
     def blocks(self) -> tuple[int, ...]:
@@ -138,9 +139,9 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         if act and not norm and blocks.streams(weights[0]) and blocks.streams(weights[1]):  # kernels/quant.cu mvs_impl
-            R = blocks.vecs_rows(wdt, 2 * rows[0], K)
-            k = Siblings("quant.cu", blocks.sibs_name(wdt, R, act), rows, norm, act, blocks.MVS_THREADS,
-                         blocks.vecs_per_block(wdt, K, R, act=True), quant=True, mvs_rows=R)
+            v = blocks.vecs(wdt, rows[0], K, act=True)
+            k = Siblings("quant.cu", blocks.sibs_name(wdt, v.R, act), rows, norm, act, blocks.MVS_THREADS,
+                         v.out_per_block, quant=True, vecs=v, scratch=v.scratch, table=v.table)
         else:
             per = blocks.matvec_rows(wdt, K, 1, sibling=True)
             k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
@@ -156,13 +157,15 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
 
 def lower(rt, step, k: Kernel, what: str) -> list:
     assert isinstance(k, Siblings)
-    if k.mvs_rows:  # the streaming SwiGLU / GeGLU step (blocks.vecs_launch)
+    if k.vecs:  # the streaming SwiGLU / GeGLU step (blocks.Vecs)
         g, u = step.nodes[0], step.nodes[1]
         wg, x = step.srcs(g)
-        grid, block, smem = blocks.vecs_launch(wg.dtype, g.ne[0], wg.ne[0], k.mvs_rows, act=True)
-        args = (Args().ptr(addr(wg)).ptr(addr(step.srcs(u)[0])).i64(wg.nb[1]).ptr(addr(x)).ptr(addr(step.out))
+        wu = step.srcs(u)[0]
+        grid, block, smem = k.vecs.launch(wg.dtype)
+        args = (Args().ptr(addr(wg)).ptr(addr(wu)).i64(wg.nb[1]).ptr(addr(x)).ptr(addr(step.out))
                 .i64(g.ne[0]).i64(wg.ne[0]))
-        return [Launch(rt, k.file, k.symbol, grid, block, args, smem=smem, what=what)]
+        return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, wg, wu), smem=smem,
+                       what=what)]
     start = 2 if k.norm else 0
     prods = step.nodes[start:start + len(k.rows)]
     words = [len(prods), step.srcs(prods[0])[1].ne[0]]

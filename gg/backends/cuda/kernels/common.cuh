@@ -337,11 +337,19 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 // kernels with programmatic stream serialization on sm_90+ (launch.py), so a kernel's blocks may
 // be scheduled while its predecessor's last blocks still run: only the launch latency overlaps,
 // never memory accesses. Without that launch attribute (or before sm_90) both are no-ops.
-__device__ __forceinline__ void gg_grid_sync() {
+__device__ __forceinline__ void gg_grid_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gg_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void gg_grid_sync() {
+    gg_grid_wait();
+    gg_launch_dependents();
 }
 
 // The only thing a kernel may do before gg_grid_sync(): ask L2 for `bytes` at p (null: nothing)

@@ -938,46 +938,62 @@ template <> struct MVS<QQ4_1> {
     }
 };
 
-// The rows a block of the streaming mat-vec takes. K of nblk blocks keeps tpr = min(NT, nblk)
-// threads busy per row group; slots = NT / tpr groups of R rows side by side (short rows: K = 576
-// is 18 blocks, 7 groups of R rows a block); the host derives the same (blocks.vecs_launch).
-// ACT (the sibling SwiGLU / GeGLU step): the block's rows are `no` rows of the gate (w) and the same
-// rows of up (w2, rows as far apart).
+// The rows a block of the streaming mat-vec takes. A row of K is cut into `parts` parts (the
+// blocks of one row block side by side: blockIdx.x = row block * parts + part) of `per` quant
+// blocks; a part keeps tpr = min(NT, per) threads busy per row group; slots = NT / tpr groups of R
+// rows side by side (short rows: K = 576 is 18 blocks, 7 groups of R rows a block); the host
+// derives the same (blocks.Vecs). ACT (the sibling SwiGLU / GeGLU step): the block's rows are `no`
+// rows of the gate (w) and the same rows of up (w2, rows as far apart).
 template <class Q, int R, int ACT>
 struct MvsRows {
-    int nblk, tpr, slots, no, nr;  // no: output rows of the block, nr: weight rows it reads
-    i64 r0, nb1, up;
+    int part, nblk, tpr, slots, no, nr, kb0;  // nblk: this part's quant blocks from kb0; no: output rows, nr: weight rows
+    i64 rb, r0, nb1, up;
     const char* wb;
-    __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K) {
-        nblk = K / Q::QK;
-        tpr = max(1, min(QUANT_MVS_THREADS, nblk));
+    __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K, int parts) {
+        const int all = K / Q::QK, per = (all + parts - 1) / parts;
+        rb = (i64)(blockIdx.x / (unsigned)parts);
+        part = (int)(blockIdx.x - (unsigned)rb * (unsigned)parts);
+        kb0 = min(all, part * per);
+        nblk = min(all, kb0 + per) - kb0;
+        tpr = max(1, min(QUANT_MVS_THREADS, per));
         slots = min(QUANT_MVS_SLOTS, QUANT_MVS_THREADS / tpr);
         const int ob = ACT != MV_ACT_NONE ? slots * R / 2 : slots * R;
-        r0 = (i64)blockIdx.x * ob;
+        r0 = rb * ob;
         no = (int)max((i64)0, min((i64)ob, n_rows - r0));
         nr = ACT != MV_ACT_NONE ? 2 * no : no;
         nb1 = w_nb1;
-        wb = w + r0 * w_nb1;
+        wb = w + r0 * w_nb1 + (i64)kb0 * Q::BYTES;
         up = ACT != MV_ACT_NONE ? (i64)(w2 - w) - (i64)no * w_nb1 : 0;
     }
-    // block row j: row r0 + j of w, or (ACT, j >= no) row r0 + j - no of w2
+    // block row j: row r0 + j of w, or (ACT, j >= no) row r0 + j - no of w2, from this part's first block
     __device__ __forceinline__ const char* row(int j) const { return wb + (i64)j * nb1 + (j < no ? 0 : up); }
+    // the row's index among all weight rows (ACT: up's after gate's n_rows)
+    __device__ __forceinline__ i64 index(int j, i64 n_rows) const { return j < no ? r0 + j : n_rows + r0 + (j - no); }
 };
 
 // y[r] = sum_k W[r, k] x[k] (+ res[r]) for the block's rows (MvsRows); ACT: y[r] = act(gate row r)
-// * (up row r).
+// * (up row r). parts > 1: each block's sums go to partial[part][weight row], and the last block of
+// a row block to take its ticket (tickets[row block]) adds them up in part order and writes y.
+// The entry points call this first: it waits for the kernel before it itself (gg_grid_wait), and
+// with `early` (the host found no step of the plan writing the weights) it copies its first chunk
+// of weights into shared memory before that wait, so a block made resident while its predecessor
+// runs (PDL) has its weights on the way. It lets the next kernel launch only once its last chunk
+// has landed: that kernel's early copies then fill this one's tail instead of competing with it.
 template <class Q, int R, int ACT = MV_ACT_NONE>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, float* y,
-                                         const float* res, i64 n_rows, int K) {
+                                         const float* res, i64 n_rows, int K, int parts, float* partial,
+                                         int* tickets, int early) {
     constexpr int NT = QUANT_MVS_THREADS;
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
     __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
-    const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K);
+    __shared__ int last;
+    const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K, parts);  // arithmetic only: nothing read yet
     if (g.no == 0) return;
     const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
     const i64 r0 = g.r0;
     const int nchunks = (nblk + tpr - 1) / tpr;
+    const i64 stride = ACT != MV_ACT_NONE ? 2 * n_rows : n_rows;  // of the partial sums, a part's
     const int slot = tid / tpr, item = tid - slot * tpr;
     const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
     const int nv = rs / 16;
@@ -994,11 +1010,14 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         cp_async_commit();
     };
+    x += (i64)g.kb0 * Q::QK;  // this part's activations
     const bool xvec = ((unsigned long long)x & 15u) == 0;
     float acc[R];
 #pragma unroll
     for (int m = 0; m < R; ++m) acc[m] = 0.0f;
-    if (nblk > 0) issue(0);
+    if (early && nblk > 0) issue(0);
+    gg_grid_wait();
+    if (!early && nblk > 0) issue(0);
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
         const int b = c * tpr + item;
@@ -1007,6 +1026,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (live) xb = mvs_quantize(x + (i64)b * 32, xvec);  // while the copies are in flight
         if (c + 1 < nchunks) cp_async_wait<1>();
         else cp_async_wait<0>();
+        if (c + 1 == nchunks) gg_launch_dependents();
         __syncthreads();
         if (live) {
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item * Q::BYTES;
@@ -1021,9 +1041,11 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
     }
-    // Row j's sum v goes to y (plain: + res) or, for ACT, to fin[j] for the gate/up pairing.
+    // Row j's sum v goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing, or with
+    // parts to the partial sums.
     auto finish = [&](int j, float v) {
-        if constexpr (ACT != MV_ACT_NONE) fin[j] = v;
+        if (parts > 1) partial[g.part * stride + g.index(j, n_rows)] = v;
+        else if constexpr (ACT != MV_ACT_NONE) fin[j] = v;
         else y[r0 + j] = res ? v + res[r0 + j] : v;
     };
     if (slots == 1) {  // a row's NT partial sums: shuffles, then the warps' sums
@@ -1053,7 +1075,24 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             finish(j, v);
         }
     }
-    if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
+    if (parts > 1) {  // the last block of the row block adds the parts' sums (threadFenceReduction)
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(tickets + g.rb, 1) == parts - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        for (int i = tid; i < no; i += NT) {
+            float v = 0.0f, u = 0.0f;
+            for (int p = 0; p < parts; ++p) {
+                v += __ldcg(partial + p * stride + r0 + i);
+                if constexpr (ACT != MV_ACT_NONE) u += __ldcg(partial + p * stride + n_rows + r0 + i);
+            }
+            if constexpr (ACT != MV_ACT_NONE) y[r0 + i] = mv_act<ACT>(v) * u;
+            else y[r0 + i] = res ? v + res[r0 + i] : v;
+        }
+        if (tid == 0) tickets[g.rb] = 0;  // ready for the next run
+    } else if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
         __syncthreads();
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
@@ -1067,16 +1106,15 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT)                                                                     \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
         mul_mat_sibs##R##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y, \
-                                                i64 n_rows, i64 K) {                                             \
-        gg_grid_sync();                                                                                           \
-        mvs_impl<Q, R, ACT>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K);                                          \
+                                                i64 n_rows, i64 K, int parts, float* partial, int* tickets,      \
+                                                int early) {                                                     \
+        mvs_impl<Q, R, ACT>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K, parts, partial, tickets, early);          \
     }
 #define GG_QUANT_VECS_R(Q, S, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
         mul_mat_vecs##R##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, float* y, const float* res,     \
-                                       i64 n_rows, i64 K) {                                                      \
-        gg_grid_sync();                                                                                           \
-        mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K);                                             \
+                                       i64 n_rows, i64 K, int parts, float* partial, int* tickets, int early) {  \
+        mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K, parts, partial, tickets, early);             \
     }                                                                                                             \
     GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
