@@ -62,6 +62,7 @@ MVS_MIN_BLOCKS = 264
 # (Vecs). Nsight Compute on llama-3-8B dims: 512 blocks of whole rows kept 15 warps an SM and
 # 40% of DRAM bandwidth, latency-bound (docs/performance.md).
 MVS_MAX_PARTS = 8
+MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args)
 MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
 # elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
@@ -72,7 +73,8 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUA
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
-                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS}}
+                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
+                        "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 
 def rows_2d(a: Tensor) -> bool:
@@ -205,14 +207,19 @@ def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False) -> Vecs:
 def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     """The streaming kernels' last arguments: parts, the partial sums (step scratch), the row
     blocks' tickets (table bytes, zero at prepare time; the last block of each resets its own),
-    and whether the blocks may copy their first chunk of `weights` before waiting for the kernel
-    before them (no step of the plan writes them: launch.unwritten)."""
-    early = launch.EARLY_WEIGHTS and all(launch.unwritten(w) for w in weights)
+    and the MVS_EARLY / MVS_LATE flags (launch.EARLY_WEIGHTS): copy the first chunk of `weights`
+    before waiting for the kernel before (no step of the plan writes them: launch.unwritten);
+    let the next kernel launch only once the copies have landed (it streams too)."""
+    flags = 0
+    if launch.EARLY_WEIGHTS:
+        nxt = launch.following(step)
+        flags = ((MVS_EARLY if all(launch.unwritten(w) for w in weights) else 0)
+                 | (MVS_LATE if nxt is not None and getattr(nxt.choice, "vecs", None) else 0))
     if v.parts == 1:
         args.i32(1).ptr(0).ptr(0)
     else:
         args.i32(v.parts).ptr(launch.scratch(step)).ptr(launch.table(step, np.zeros(v.row_blocks, np.int32)))
-    return args.i32(int(early))
+    return args.i32(flags)
 
 
 def variants() -> list[Variant]:

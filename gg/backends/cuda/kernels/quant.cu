@@ -975,14 +975,15 @@ struct MvsRows {
 // * (up row r). parts > 1: each block's sums go to partial[part][weight row], and the last block of
 // a row block to take its ticket (tickets[row block]) adds them up in part order and writes y.
 // The entry points call this first: it waits for the kernel before it itself (gg_grid_wait), and
-// with `early` (the host found no step of the plan writing the weights) it copies its first chunk
-// of weights into shared memory before that wait, so a block made resident while its predecessor
-// runs (PDL) has its weights on the way. It lets the next kernel launch only once its last chunk
-// has landed: that kernel's early copies then fill this one's tail instead of competing with it.
+// with QUANT_MVS_EARLY in `pdl` (the host found no step of the plan writing the weights) it copies
+// its first chunk of weights into shared memory before that wait, so a block made resident while
+// its predecessor runs (PDL) has its weights on the way. With QUANT_MVS_LATE (the next kernel
+// streams too) it lets that one launch only once its last chunk has landed, so the next one's
+// early copies fill this one's tail instead of competing with its loads.
 template <class Q, int R, int ACT = MV_ACT_NONE>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, float* y,
                                          const float* res, i64 n_rows, int K, int parts, float* partial,
-                                         int* tickets, int early) {
+                                         int* tickets, int pdl) {
     constexpr int NT = QUANT_MVS_THREADS;
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
@@ -1015,8 +1016,10 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     float acc[R];
 #pragma unroll
     for (int m = 0; m < R; ++m) acc[m] = 0.0f;
+    const bool early = pdl & QUANT_MVS_EARLY, late = pdl & QUANT_MVS_LATE;
     if (early && nblk > 0) issue(0);
     gg_grid_wait();
+    if (!late) gg_launch_dependents();
     if (!early && nblk > 0) issue(0);
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
@@ -1026,7 +1029,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (live) xb = mvs_quantize(x + (i64)b * 32, xvec);  // while the copies are in flight
         if (c + 1 < nchunks) cp_async_wait<1>();
         else cp_async_wait<0>();
-        if (c + 1 == nchunks) gg_launch_dependents();
+        if (late && c + 1 == nchunks) gg_launch_dependents();
         __syncthreads();
         if (live) {
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item * Q::BYTES;
@@ -1107,14 +1110,14 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
         mul_mat_sibs##R##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y, \
                                                 i64 n_rows, i64 K, int parts, float* partial, int* tickets,      \
-                                                int early) {                                                     \
-        mvs_impl<Q, R, ACT>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K, parts, partial, tickets, early);          \
+                                                int pdl) {                                                       \
+        mvs_impl<Q, R, ACT>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K, parts, partial, tickets, pdl);            \
     }
 #define GG_QUANT_VECS_R(Q, S, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
         mul_mat_vecs##R##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, float* y, const float* res,     \
-                                       i64 n_rows, i64 K, int parts, float* partial, int* tickets, int early) {  \
-        mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K, parts, partial, tickets, early);             \
+                                       i64 n_rows, i64 K, int parts, float* partial, int* tickets, int pdl) {    \
+        mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K, parts, partial, tickets, pdl);               \
     }                                                                                                             \
     GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
