@@ -251,6 +251,40 @@ def test_unwritten_weights(monkeypatch):
         assert not launch.unwritten(w)
 
 
+def test_streaming_pdl_flags(monkeypatch):
+    """The streaming kernels' pdl flags (blocks.vecs_args): MVS_EARLY for weights no step writes,
+    unless the step before is a normalization; MVS_LATE when the next step streams too; neither
+    with launch.EARLY_WEIGHTS off."""
+    from types import SimpleNamespace
+    from gg.backends.cuda import launch
+    from gg.backends.cuda.launch import Args
+    ctx = gg.Context()
+    w, out = ctx.new_tensor(gg.Q4_0, (4096, 64)), ctx.new_tensor(gg.F32, (64,))
+    where = {w: 1 << 20, out: 0}
+
+    class Memory:
+        def locate(self, t):
+            return SimpleNamespace(ptr=1 << 32), where[t.root]
+
+    v = blocks.vecs(gg.Q4_0, 64, 4096)
+    kinds = {"vecs": (("mul_mat",), SimpleNamespace(vecs=v)), "rope": (("rope",), SimpleNamespace()),
+             "norm": (("rms_norm", "mul"), SimpleNamespace())}
+
+    def flags(*names):  # of the second step of a plan of these steps
+        steps = [SimpleNamespace(ops=kinds[n][0], outs=[out], choice=kinds[n][1]) for n in names]
+        with launch.bound(Memory(), steps):
+            return int(blocks.vecs_args(Args(), steps[1], v, w)._vals[-1][0])
+    E, L = blocks.MVS_EARLY, blocks.MVS_LATE
+    assert flags("rope", "vecs", "rope") == E
+    assert flags("vecs", "vecs", "vecs") == E | L
+    assert flags("norm", "vecs", "vecs") == L
+    where[w] = 0  # the weights now share bytes with the steps' output
+    assert flags("rope", "vecs") == 0
+    monkeypatch.setattr(launch, "EARLY_WEIGHTS", False)
+    where[w] = 1 << 20
+    assert flags("rope", "vecs", "vecs") == 0
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt", blocks.QX_TYPES)
 def test_quantized_activations_error_is_ggmls(dt, rng):

@@ -22,25 +22,32 @@ from .driver import check, cu
 _memory: Any = None
 _written: list[tuple[int, int]] | None = None  # device byte ranges the plan's steps write
 _next: dict[int, Any] = {}  # id(step) -> the step after it in the plan
+_prev: dict[int, Any] = {}  # id(step) -> the step before it
 
 
 @contextlib.contextmanager
 def bound(memory: Any, steps: Sequence = ()) -> Iterator[None]:
     """Lower `steps`, whose tensors live where `memory` (gg.backends.base.Memory) says."""
-    global _memory, _written, _next
-    outer = _memory, _written, _next
+    global _memory, _written, _next, _prev
+    outer = _memory, _written, _next, _prev
     _memory = memory
     try:
         _written = [w for s in steps for w in writes(s)] if steps else None
         _next = {id(a): b for a, b in zip(steps, steps[1:])}
+        _prev = {id(b): a for a, b in zip(steps, steps[1:])}
         yield
     finally:
-        _memory, _written, _next = outer
+        _memory, _written, _next, _prev = outer
 
 
 def following(step: Any) -> Any:
     """The step after `step` in the plan being lowered (None: the last, or not known)."""
     return _next.get(id(step))
+
+
+def preceding(step: Any) -> Any:
+    """The step before `step` in the plan being lowered (None: the first, or not known)."""
+    return _prev.get(id(step))
 
 
 def addr(t: Tensor) -> int:
@@ -100,10 +107,11 @@ L2_PREFETCH = True
 # The streaming quantized mat-vec copies its first chunk of weights no step writes into shared
 # memory before that wait (kernels/quant.cu mvs_impl), and, when the next step is one too, lets it
 # launch only once its own copies have landed (so the next one's early copies fill this one's
-# tail; any other successor launches at once, its launch latency hidden as before). False: no
-# early copies (A/B, tests of both). 4-layer llama-3-8B-dims Q4_0 token on the H100: 495.7 ->
-# 480.3 us with the K parts of blocks.Vecs (docs/performance.md).
+# tail; any other successor launches at once, its launch latency hidden as before). Not behind a
+# normalization: its one block's few loads queue behind the copies (llama-3-8B dims: the ffn norm
+# took 10 us instead of 3 behind gate/up's 29 MB). False: no early copies (A/B, tests of both).
 EARLY_WEIGHTS = True
+NOT_EARLY_BEHIND = ("rms_norm", "norm")
 
 
 class Args:

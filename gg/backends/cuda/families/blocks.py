@@ -208,13 +208,15 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     """The streaming kernels' last arguments: parts, the partial sums (step scratch), the row
     blocks' tickets (table bytes, zero at prepare time; the last block of each resets its own),
     and the MVS_EARLY / MVS_LATE flags (launch.EARLY_WEIGHTS): copy the first chunk of `weights`
-    before waiting for the kernel before (no step of the plan writes them: launch.unwritten);
-    let the next kernel launch only once the copies have landed (it streams too)."""
+    before waiting for the kernel before (no step of the plan writes them: launch.unwritten; not
+    behind a normalization); let the next kernel launch only once the copies have landed (it
+    streams too)."""
     flags = 0
     if launch.EARLY_WEIGHTS:
-        nxt = launch.following(step)
-        flags = ((MVS_EARLY if all(launch.unwritten(w) for w in weights) else 0)
-                 | (MVS_LATE if nxt is not None and getattr(nxt.choice, "vecs", None) else 0))
+        prev, nxt = launch.preceding(step), launch.following(step)
+        early = (all(launch.unwritten(w) for w in weights)
+                 and not (prev is not None and prev.ops[0] in launch.NOT_EARLY_BEHIND))
+        flags = (MVS_EARLY if early else 0) | (MVS_LATE if nxt is not None and getattr(nxt.choice, "vecs", None) else 0)
     if v.parts == 1:
         args.i32(1).ptr(0).ptr(0)
     else:
