@@ -21,7 +21,7 @@ def _tensors(names):
 def _plan(monkeypatch, base: dict[str, int], flow: list[tuple[tuple[str, ...], str]], kinds=None):
     names = sorted({n for ins, out in flow for n in ins + (out,)})
     ts = dict(zip(names, _tensors(names)))
-    monkeypatch.setattr(branches, "addr", lambda t: base[t.root.name] + t.view_offs)
+    monkeypatch.setattr("gg.backends.cuda.launch.addr", lambda t: base[t.root.name] + t.view_offs)
     steps = [SimpleNamespace(inputs=tuple(ts[n] for n in ins), out=ts[out], outs=(ts[out],)) for ins, out in flow]
     launch = Launch.__new__(Launch)
     per_step = [[kinds[i] if kinds else launch] for i in range(len(flow))]

@@ -1,6 +1,7 @@
 """ggml's block-quantized types on the GPU (kernels/quant.cu): the constants and catalog of that
-file, shared by the two families that use it — matmul (mat-vec reading the blocks, or blocks
-dequantized to F16 for a GEMM) and rows (get_rows of a quantized table). It runs no op itself."""
+file and the streaming mat-vec's geometry and trailing arguments, shared by the families that use
+it — matmul (mat-vec reading the blocks, or blocks dequantized to F16 for a GEMM), siblings (the
+SwiGLU step) and rows (get_rows of a quantized table). It runs no op itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -216,7 +217,8 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
         prev, nxt = launch.preceding(step), launch.following(step)
         early = (all(launch.unwritten(w) for w in weights)
                  and not (prev is not None and prev.ops[0] in launch.NOT_EARLY_BEHIND))
-        flags = (MVS_EARLY if early else 0) | (MVS_LATE if nxt is not None and getattr(nxt.choice, "vecs", None) else 0)
+        late = nxt is not None and getattr(nxt.choice, "vecs", None) is not None
+        flags = (MVS_EARLY if early else 0) | (MVS_LATE if late else 0)
     if v.parts == 1:
         args.i32(1).ptr(0).ptr(0)
     else:

@@ -401,7 +401,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
         args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).ptr(addr(out)).ptr(addr(r) if r is not None else 0)
                 .i64(a.ne[1]).i64(a.ne[0]))
-        return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, a), smem=smem, what=what)]
+        return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, a), smem=smem,
+                       what=what)]
     if isinstance(k, QuantMatVec):
         ncols = b.ne[1] * b.ne[2] * b.ne[3]
         grid, block = blocks.matvec_grid(a.dtype, a.ne[1], a.ne[0], ncols)
