@@ -332,11 +332,20 @@ def _norm_case(rng, dt, rows, k):
     return y, (h @ w.numpy().astype(np.float64).T).reshape(-1)
 
 
+def _norm_kernel(w) -> str:
+    """The normalizing one-product step's kernel: the streaming build's _norm variant where the
+    weights stream, else mul_mat_sibq_norm_*."""
+    if blocks.streams(w):
+        return blocks.vecs_name(w.dtype, blocks.vecs(w.dtype, w.ne[1], w.ne[0], norm=True).R, norm=True)
+    return f"mul_mat_sibq_norm_{w.dtype.name}_f32{blocks.qx(w.dtype)}"
+
+
 @pytest.mark.parametrize("dt", TYPES)
 def test_norm_mul_mat_quantized_is_one_step(dt, rng):
     y, _ = _norm_case(rng, dt, 6144, 4096)
     (s,) = gg.build_forward(y, backends=("cuda", "cpu")).plan.steps
-    assert s.ops == ("rms_norm", "mul", "mul_mat") and s.kernel == f"mul_mat_sibq_norm_{dt.name}_f32{blocks.qx(dt)}"
+    assert s.ops == ("rms_norm", "mul", "mul_mat") and s.kernel == _norm_kernel(y.src[0])
+    assert ("_norm_q4_" in s.kernel and s.kernel.startswith("mul_mat_vecs")) == (dt in blocks.STREAM_TYPES)
 
 
 def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
@@ -348,11 +357,13 @@ def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt", TYPES)
-@pytest.mark.parametrize("rows,k", [(6144, 4096), (1029, 2304), (963, 512)])
+@pytest.mark.parametrize("rows,k", [(6144, 4096), (1029, 2304), (963, 512), (600, 8448)])
 def test_norm_mul_mat_quantized_cuda(dt, rows, k, rng):
+    """Normalized on the way in: mul_mat_sibq_norm_*, or the streaming build's _norm variant (4-bit
+    types above MVS_MIN_ELEMENTS; K = 8448 in 3 parts, whose sums of squares meet in the last block)."""
     y, want = _norm_case(rng, dt, rows, k)
     g = gg.build_forward(y, backends=("cuda",))
-    assert [s.kernel for s in g.plan.steps] == [f"mul_mat_sibq_norm_{dt.name}_f32{blocks.qx(dt)}"]
+    assert [s.kernel for s in g.plan.steps] == [_norm_kernel(y.src[0])]
     g.compute()
     fused = y.numpy().reshape(-1)
     gg.build_forward(y, backends=("cuda",), fuse=False).compute()

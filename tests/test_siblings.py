@@ -344,11 +344,11 @@ def quant_siblings(rng, dts, K, rows, norm=True, act=""):
 
 def act_symbol(out, act: str, norm: bool) -> str:
     """The kernel of the SwiGLU / GeGLU sibling step making `out` (act(Wg h) * (Wu h)): the
-    streaming build for the types it has (without the norm), else mul_mat_sibq_*."""
+    streaming build for the types it has (with or without the norm), else mul_mat_sibq_*."""
     from gg.backends.cuda.families import blocks
     gate = out.src[0].src[0].src[0]
-    if not norm and blocks.streams(gate):
-        return blocks.sibs_symbol(gate, act)
+    if blocks.streams(gate):
+        return blocks.sibs_symbol(gate, act, norm)
     return f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{gate.dtype.name}_f32{blocks.qx(gate.dtype)}"
 
 
@@ -374,14 +374,22 @@ def test_quant_gate_up_and_swiglu_are_one_step(rng, act):
     assert k.per * 2 == family.blocks.matvec_rows(gg.Q4_K, 512, 1, sibling=True) and k.blocks == (-(-1536 // k.per),)
 
 
-@pytest.mark.parametrize("dt", [gg.Q8_0, gg.Q4_0])
-def test_quant_big_ffn_keeps_the_norm_a_step(rng, dt):
-    """llama-8B's gate/up: the blocks would re-read the norm's weight for more bytes than the
-    rms_norm step costs (family.QUANT_NORM_BYTES_MAX), so the norm stays a step of its own."""
+@pytest.mark.parametrize("dt,stream_norm", [(gg.Q8_0, True), (gg.Q4_0, False), (gg.Q4_0, True), (gg.Q4_1, True)])
+def test_quant_big_ffn_norm(rng, dt, stream_norm, monkeypatch):
+    """llama-8B's gate/up: mul_mat_sibq_norm's blocks would re-read the norm's weight for more
+    bytes than the rms_norm step costs (family.QUANT_NORM_BYTES_MAX), so for Q8_0 (and with
+    blocks.STREAM_NORM off) the norm stays a step of its own; the streaming build of Q4_0/Q4_1
+    takes it in (mul_mat_sibs<R>_norm_*)."""
+    monkeypatch.setattr(family.blocks, "STREAM_NORM", stream_norm)
     (y,), _ = quant_siblings(rng, [dt] * 2, 4096, (14336, 14336), act="silu")
     plan = gg.build_forward(y, backends=CUDA).plan
-    assert [s.ops for s in plan.steps] == [("rms_norm", "mul"), ("mul_mat", "mul_mat", "silu", "mul")]
-    assert plan.steps[1].kernel == act_symbol(y, "silu", norm=False)
+    fused = stream_norm and dt in family.blocks.STREAM_TYPES
+    if fused:
+        assert [s.ops for s in plan.steps] == [("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")]
+        assert plan.steps[0].kernel == act_symbol(y, "silu", norm=True) and "_norm_silu_" in plan.steps[0].kernel
+    else:
+        assert [s.ops for s in plan.steps] == [("rms_norm", "mul"), ("mul_mat", "mul_mat", "silu", "mul")]
+        assert plan.steps[1].kernel == act_symbol(y, "silu", norm=False)
 
 
 def test_quant_mixed_block_types_are_not_merged(rng):
@@ -439,7 +447,7 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
 @cuda
 @pytest.mark.parametrize("dt", QTYPES)
 @pytest.mark.parametrize("act", ["silu", "gelu"])
-@pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True), (8448, 77, False)])
+@pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True), (8448, 77, False), (8448, 77, True)])
 def test_cuda_quant_swiglu(rng, dt, act, K, M, norm, monkeypatch):
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # the streaming build (Q4_0/Q4_1 without the norm)
     outs, refs = quant_siblings(rng, [dt] * 2, K, (M, M), norm=norm, act=act)
@@ -472,8 +480,11 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
             (one,), _ = quant_siblings(rng, [dt], 512, (96,))  # matmul's normalizing mat-vec, quantized
             graphs.append(gg.build_forward(one, backends=("cuda",)))
             suffix = "_qx" if qx and dt in blocks.QX_TYPES else ""
-            assert graphs[-1].plan.steps[0].kernel == f"mul_mat_sibq_norm_{dt.name}_f32{suffix}"
+            want = (blocks.vecs_name(dt, blocks.vecs(dt, 96, 512, norm=True).R, norm=True) if blocks.streams(one.src[0])
+                    else f"mul_mat_sibq_norm_{dt.name}_f32{suffix}")
+            assert graphs[-1].plan.steps[0].kernel == want
     rt, records = _lowered(graphs)
-    assert len({r.name for r in records}) == 28 and all(r.name.startswith(("mul_mat_sibq", "mul_mat_sibs"))
-                                                        for r in records)
+    names = {r.name for r in records}
+    assert len(names) == 30 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
+    assert {"mul_mat_vecs4_norm_q4_0_f32_qx", "mul_mat_sibs4_norm_silu_q4_1_f32_qx"} <= names
     assert not [m for r in records if (m := mismatch(rt, r))]

@@ -54,6 +54,11 @@ QUANT_ACTIVATIONS = True
 STREAM_TYPES = (Q4_0, Q4_1)  # Q8_0: no faster but on 128256-row heads (docs/performance.md), and its
 # siblings keep F32 activations: the plain product does too
 STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
+# The streaming builds normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
+# product such as a model's head): each thread quantizes x * w of its 32-block (the int8
+# quantization is scale invariant) and the row sums are scaled by 1 / rms(x) at the end, so the
+# norm costs no step. False: the norm stays a step of its own before them (A/B).
+STREAM_NORM = True
 MVS_THREADS = 128
 MVS_SLOTS = 8
 MVS_ROWS = (16, 8, 4)
@@ -118,7 +123,7 @@ def matvec1(a: Tensor) -> tuple[str, "Vecs | None"]:
     geometry, or mul_mat_vec1_* (with int8 activations for QX_TYPES) and None."""
     if streams(a):
         s = vecs(a.dtype, a.ne[1], a.ne[0])
-        return f"mul_mat_vecs{s.R}_{a.dtype.name}_f32_qx", s
+        return vecs_name(a.dtype, s.R), s
     return f"mul_mat_vec1_{a.dtype.name}_f32{qx(a.dtype)}", None
 
 
@@ -127,14 +132,20 @@ def matvec1_symbol(a: Tensor) -> str:
     return matvec1(a)[0]
 
 
-def sibs_name(dtype: DType, R: int, act: str) -> str:
-    """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>_*)."""
-    return f"mul_mat_sibs{R}_{act}_{dtype.name}_f32_qx"
+def vecs_name(dtype: DType, R: int, norm: bool = False) -> str:
+    """The streaming build of R rows a group (mul_mat_vecs<R>[_norm]_*; norm: x normalized on the
+    way in)."""
+    return f"mul_mat_vecs{R}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
 
 
-def sibs_symbol(gate: Tensor, act: str) -> str:
+def sibs_name(dtype: DType, R: int, act: str, norm: bool = False) -> str:
+    """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>[_norm]_<act>_*)."""
+    return f"mul_mat_sibs{R}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
+
+
+def sibs_symbol(gate: Tensor, act: str, norm: bool = False) -> str:
     """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
-    return sibs_name(gate.dtype, vecs(gate.dtype, gate.ne[1], gate.ne[0], act=True).R, act)
+    return sibs_name(gate.dtype, vecs(gate.dtype, gate.ne[1], gate.ne[0], act=True, norm=norm).R, act, norm)
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,7 @@ class Vecs:
     slots: int
     weight_rows: int  # act: gate's and up's
     act: bool
+    norm: bool = False  # x normalized on the way in (rms_norm(x) * w): a part's sum(x^2) follows its sums
 
     @property
     def out_per_block(self) -> int:
@@ -166,8 +178,8 @@ class Vecs:
 
     @property
     def scratch(self) -> int:
-        """Partial sums: parts x weight rows floats."""
-        return 4 * self.parts * self.weight_rows if self.parts > 1 else 0
+        """Partial sums: parts x weight rows floats (norm: and each part's sum(x^2))."""
+        return 4 * self.parts * (self.weight_rows + self.norm) if self.parts > 1 else 0
 
     @property
     def table(self) -> int:
@@ -192,7 +204,7 @@ def vecs_parts(dtype: DType, ne0: int) -> int:
     return max(1, min(MVS_MAX_PARTS, want, nblk))
 
 
-def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False) -> Vecs:
+def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False, norm: bool = False) -> Vecs:
     """The streaming build's geometry for a product of n_rows rows of ne0 (act: gate's rows; up
     has as many): R is the largest of MVS_ROWS that still gives MVS_MIN_BLOCKS blocks (parts
     included), else the smallest."""
@@ -202,7 +214,7 @@ def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False) -> Vecs:
     tpr = max(1, min(MVS_THREADS, per))
     slots = min(MVS_SLOTS, MVS_THREADS // tpr)
     R = next((r for r in MVS_ROWS if -(-rows // (r * slots)) * parts >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
-    return Vecs(R, parts, per, tpr, slots, rows, act)
+    return Vecs(R, parts, per, tpr, slots, rows, act, norm)
 
 
 def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
@@ -233,8 +245,9 @@ def variants() -> list[Variant]:
     for t in TYPES:
         v += [Variant("quant.cu", f"mul_mat_vec_{t.name}_f32"), Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32")]
     v += [Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32_qx") for t in QX_TYPES]
-    v += [Variant("quant.cu", f"mul_mat_{k}{r}{act}_{t.name}_f32_qx") for t in STREAM_TYPES for r in MVS_ROWS
-          for k, act in (("vecs", ""), ("sibs", "_silu"), ("sibs", "_gelu"))]
+    v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in (False, True)]
+    v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in STREAM_TYPES for r in MVS_ROWS
+          for act in ("silu", "gelu") for norm in (False, True)]
     return v
 
 

@@ -399,8 +399,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if isinstance(k, QuantMatVec) and k.vecs:
         grid, block, smem = k.vecs.launch(a.dtype)
         r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
-        args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).ptr(addr(out)).ptr(addr(r) if r is not None else 0)
-                .i64(a.ne[1]).i64(a.ne[0]))
+        args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).ptr(0).f32(0.0).ptr(addr(out))
+                .ptr(addr(r) if r is not None else 0).i64(a.ne[1]).i64(a.ne[0]))
         return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, a), smem=smem,
                        what=what)]
     if isinstance(k, QuantMatVec):

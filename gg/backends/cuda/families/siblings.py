@@ -138,10 +138,12 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
     if quant:  # the one-column quantized mat-vec's geometry; a SwiGLU block's rows are half gate, half up
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
-        if act and not norm and blocks.streams(weights[0]) and blocks.streams(weights[1]):  # kernels/quant.cu mvs_impl
-            v = blocks.vecs(wdt, rows[0], K, act=True)
-            k = Siblings("quant.cu", blocks.sibs_name(wdt, v.R, act), rows, norm, act, blocks.MVS_THREADS,
-                         v.out_per_block, quant=True, vecs=v, scratch=v.scratch, table=v.table)
+        if ((act or norm and n == 1) and (blocks.STREAM_NORM or not norm)
+                and all(blocks.streams(a) for a in weights)):  # kernels/quant.cu mvs_impl
+            v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm)
+            symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
+            k = Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
+                         vecs=v, scratch=v.scratch, table=v.table)
         else:
             per = blocks.matvec_rows(wdt, K, 1, sibling=True)
             k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
@@ -157,16 +159,28 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
 
 def lower(rt, step, k: Kernel, what: str) -> list:
     assert isinstance(k, Siblings)
-    if k.vecs:  # the streaming SwiGLU / GeGLU step (blocks.Vecs)
-        g, u = step.nodes[0], step.nodes[1]
-        wg, x = step.srcs(g)
-        wu = step.srcs(u)[0]
-        grid, block, smem = k.vecs.launch(wg.dtype)
-        args = (Args().ptr(addr(wg)).ptr(addr(wu)).i64(wg.nb[1]).ptr(addr(x)).ptr(addr(step.out))
-                .i64(g.ne[0]).i64(wg.ne[0]))
-        return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, wg, wu), smem=smem,
-                       what=what)]
     start = 2 if k.norm else 0
+    if k.vecs:  # the streaming build (blocks.Vecs): the SwiGLU / GeGLU step, or one normalized product
+        g = step.nodes[start]
+        wg = step.srcs(g)[0]
+        if k.norm:
+            rn, mul = step.nodes[0], step.nodes[1]
+            x, nw, eps = step.srcs(rn)[0], step.srcs(mul)[1], rn.params.eps
+        else:
+            x, nw, eps = step.srcs(g)[1], None, 0.0
+        grid, block, smem = k.vecs.launch(wg.dtype)
+        if k.act:
+            wu = step.srcs(step.nodes[start + 1])[0]
+            args = Args().ptr(addr(wg)).ptr(addr(wu)).i64(wg.nb[1])
+            weights = (wg, wu)
+        else:
+            args, weights = Args().ptr(addr(wg)).i64(wg.nb[1]), (wg,)
+        args.ptr(addr(x)).ptr(addr(nw) if nw is not None else 0).f32(eps).ptr(addr(step.out))
+        if not k.act:
+            args.ptr(0)  # no residual
+        args.i64(g.ne[0]).i64(wg.ne[0])
+        return [Launch(rt, k.file, k.symbol, grid, block, blocks.vecs_args(args, step, k.vecs, *weights), smem=smem,
+                       what=what)]
     prods = step.nodes[start:start + len(k.rows)]
     words = [len(prods), step.srcs(prods[0])[1].ne[0]]
     block0 = 0
@@ -319,8 +333,8 @@ def _choose_epi(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> Ke
 
 def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     """k (the products' step) that also does the `tail` of ropes and writes, or None."""
-    if k.act or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
-        return None
+    if k.act or k.vecs is not None or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
+        return None  # (the streaming build has no epilogue)
     allowed = QUANT_EPILOGUE if k.quant else k.per == 2  # siblings.cu's epilogue ropes a block's two rows
     if not allowed:
         return None

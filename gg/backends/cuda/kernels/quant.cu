@@ -863,8 +863,9 @@ struct XB {
     float d, dsum, sum;
 };
 
-__device__ __forceinline__ XB mvs_quantize(const float* x, bool vec) {
-    float v[32];
+// NORM (the rms_norm prologue, x * nw / rms(x)): v = x * nw is quantized instead, and ss gains sum(x^2);
+// the int8 quantization is scale invariant, so the row sums are scaled by 1 / rms(x) at the end.
+__device__ __forceinline__ void mvs_load32(const float* x, bool vec, float* v) {
     if (vec) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -875,6 +876,20 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, bool vec) {
     } else {
 #pragma unroll
         for (int i = 0; i < 32; ++i) v[i] = x[i];
+    }
+}
+template <bool NORM>
+__device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool vec, float& ss) {
+    float v[32];
+    mvs_load32(x, vec, v);
+    if constexpr (NORM) {
+        float n[32];
+        mvs_load32(nw, vec, n);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            ss = fmaf(v[i], v[i], ss);
+            v[i] *= n[i];
+        }
     }
     float amax = 0.0f, sum = 0.0f;
 #pragma unroll
@@ -980,13 +995,16 @@ struct MvsRows {
 // its predecessor runs (PDL) has its weights on the way. With QUANT_MVS_LATE (the next kernel
 // streams too) it lets that one launch only once its last chunk has landed, so the next one's
 // early copies fill this one's tail instead of competing with its loads.
-template <class Q, int R, int ACT = MV_ACT_NONE>
-__device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, float* y,
-                                         const float* res, i64 n_rows, int K, int parts, float* partial,
-                                         int* tickets, int pdl) {
+// NORM: x is normalized on the way in (rms_norm(x, eps) * nw); with parts each part's sum(x^2)
+// follows its row sums in `partial`.
+template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false>
+__device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, const float* nw,
+                                         float eps, float* y, const float* res, i64 n_rows, int K, int parts,
+                                         float* partial, int* tickets, int pdl) {
     constexpr int NT = QUANT_MVS_THREADS;
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
+    __shared__ float ssw[NT / 32];
     __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
     __shared__ int last;
     const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K, parts);  // arithmetic only: nothing read yet
@@ -994,7 +1012,8 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
     const i64 r0 = g.r0;
     const int nchunks = (nblk + tpr - 1) / tpr;
-    const i64 stride = ACT != MV_ACT_NONE ? 2 * n_rows : n_rows;  // of the partial sums, a part's
+    const i64 wrows = ACT != MV_ACT_NONE ? 2 * n_rows : n_rows;
+    const i64 stride = wrows + (NORM ? 1 : 0);  // of the partial sums, a part's (NORM: then its sum(x^2))
     const int slot = tid / tpr, item = tid - slot * tpr;
     const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
     const int nv = rs / 16;
@@ -1012,7 +1031,9 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         cp_async_commit();
     };
     x += (i64)g.kb0 * Q::QK;  // this part's activations
-    const bool xvec = ((unsigned long long)x & 15u) == 0;
+    if constexpr (NORM) nw += (i64)g.kb0 * Q::QK;
+    const bool xvec = ((unsigned long long)x & 15u) == 0 && (!NORM || ((unsigned long long)nw & 15u) == 0);
+    float ss = 0.0f;  // NORM: sum(x^2) over slot 0's items
     float acc[R];
 #pragma unroll
     for (int m = 0; m < R; ++m) acc[m] = 0.0f;
@@ -1026,7 +1047,11 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         const int b = c * tpr + item;
         const bool live = slot < slots && b < nblk;
         XB xb;
-        if (live) xb = mvs_quantize(x + (i64)b * 32, xvec);  // while the copies are in flight
+        if (live) {  // while the copies are in flight
+            float s2 = 0.0f;
+            xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
+            if (slot == 0) ss += s2;
+        }
         if (c + 1 < nchunks) cp_async_wait<1>();
         else cp_async_wait<0>();
         if (late && c + 1 == nchunks) gg_launch_dependents();
@@ -1044,12 +1069,23 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
     }
+    float scale = 1.0f;  // NORM: this part's sum(x^2), then (one part) 1 / rms(x)
+    if constexpr (NORM) {
+        ss = warp_sum(ss);
+        if ((tid & 31) == 0) ssw[tid >> 5] = ss;
+        __syncthreads();
+        ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NT / 32; ++i) ss += ssw[i];
+        if (parts > 1 && tid == 0) partial[g.part * stride + wrows] = ss;  // every row block writes the same
+        scale = rsqrtf(ss / (float)K + eps);
+    }
     // Row j's sum v goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing, or with
-    // parts to the partial sums.
+    // parts to the partial sums (unscaled: the scale needs every part's sum(x^2)).
     auto finish = [&](int j, float v) {
         if (parts > 1) partial[g.part * stride + g.index(j, n_rows)] = v;
-        else if constexpr (ACT != MV_ACT_NONE) fin[j] = v;
-        else y[r0 + j] = res ? v + res[r0 + j] : v;
+        else if constexpr (ACT != MV_ACT_NONE) fin[j] = v * scale;
+        else y[r0 + j] = res ? v * scale + res[r0 + j] : v * scale;
     };
     if (slots == 1) {  // a row's NT partial sums: shuffles, then the warps' sums
         const int warp = tid >> 5, lane = tid & 31;
@@ -1085,13 +1121,19 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         __syncthreads();
         if (!last) return;
         __threadfence();
+        if constexpr (NORM) {
+            ss = 0.0f;
+            for (int p = 0; p < parts; ++p) ss += __ldcg(partial + p * stride + wrows);
+            scale = rsqrtf(ss / (float)K + eps);
+        }
         for (int i = tid; i < no; i += NT) {
             float v = 0.0f, u = 0.0f;
             for (int p = 0; p < parts; ++p) {
                 v += __ldcg(partial + p * stride + r0 + i);
                 if constexpr (ACT != MV_ACT_NONE) u += __ldcg(partial + p * stride + n_rows + r0 + i);
             }
-            if constexpr (ACT != MV_ACT_NONE) y[r0 + i] = mv_act<ACT>(v) * u;
+            v *= scale;
+            if constexpr (ACT != MV_ACT_NONE) y[r0 + i] = mv_act<ACT>(v) * (u * scale);
             else y[r0 + i] = res ? v + res[r0 + i] : v;
         }
         if (tid == 0) tickets[g.rb] = 0;  // ready for the next run
@@ -1101,25 +1143,31 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     }
 }
 
-// mul_mat_vecs<R>_<t>_f32_qx(w, w_nb1, x, y, res, n_rows, K): the streaming mat-vec with R rows
-// per row group (res: null or the residual added as y is written). Dynamic shared memory: the
-// host's blocks.vecs_launch bytes.
-// mul_mat_sibs<R>_<act>_<t>_f32_qx(wg, wu, nb1, x, y, n_rows, K): the sibling SwiGLU / GeGLU step
-// on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r]; gate and up rows nb1 bytes apart).
-#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT)                                                                     \
+// mul_mat_vecs<R>[_norm]_<t>_f32_qx(w, w_nb1, x, nw, eps, y, res, n_rows, K, parts, partial, tickets, pdl):
+// the streaming mat-vec with R rows per row group (res: null or the residual added as y is
+// written; _norm: x normalized on the way in, rms_norm(x, eps) * nw; else nw null). Dynamic shared
+// memory: the host's blocks.Vecs.launch bytes.
+// mul_mat_sibs<R>[_norm]_<act>_<t>_f32_qx(wg, wu, nb1, x, nw, eps, y, n_rows, K, parts, partial,
+// tickets, pdl): the sibling SwiGLU / GeGLU step on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r];
+// gate and up rows nb1 bytes apart).
+#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, N)                                                             \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
-        mul_mat_sibs##R##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x, float* y, \
-                                                i64 n_rows, i64 K, int parts, float* partial, int* tickets,      \
-                                                int pdl) {                                                       \
-        mvs_impl<Q, R, ACT>(wg, wu, nb1, x, y, nullptr, n_rows, (int)K, parts, partial, tickets, pdl);            \
+        mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
+                                                   const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
+                                                   int parts, float* partial, int* tickets, int pdl) {            \
+        mvs_impl<Q, R, ACT, NORM>(wg, wu, nb1, x, nw, eps, y, nullptr, n_rows, (int)K, parts, partial, tickets,   \
+                                  pdl);                                                                           \
     }
-#define GG_QUANT_VECS_R(Q, S, R)                                                                                  \
+#define GG_QUANT_VECS_RN(Q, S, R, NORM, N)                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
-        mul_mat_vecs##R##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, float* y, const float* res,     \
-                                       i64 n_rows, i64 K, int parts, float* partial, int* tickets, int pdl) {    \
-        mvs_impl<Q, R>(w, nullptr, w_nb1, x, y, res, n_rows, (int)K, parts, partial, tickets, pdl);               \
+        mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
+                                          float* y, const float* res, i64 n_rows, i64 K, int parts,               \
+                                          float* partial, int* tickets, int pdl) {                                \
+        mvs_impl<Q, R, MV_ACT_NONE, NORM>(w, nullptr, w_nb1, x, nw, eps, y, res, n_rows, (int)K, parts, partial,  \
+                                          tickets, pdl);                                                          \
     }                                                                                                             \
-    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU)
+    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
+#define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
