@@ -57,7 +57,8 @@ STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests o
 # The streaming builds normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
 # product such as a model's head): each thread quantizes x * w of its 32-block (the int8
 # quantization is scale invariant) and the row sums are scaled by 1 / rms(x) at the end, so the
-# norm costs no step. False: the norm stays a step of its own before them (A/B).
+# norm costs no step; within siblings.QUANT_NORM_BYTES_MAX of norm weights re-read by the blocks.
+# False: the norm stays a step of its own before them (A/B).
 STREAM_NORM = True
 MVS_THREADS = 128
 MVS_SLOTS = 8

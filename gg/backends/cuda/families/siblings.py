@@ -35,7 +35,10 @@ ACTIVATIONS = ("silu", "gelu")
 # weight row as well as x (blocks * K * 4 more bytes from L2, as many as the weights for K = 4096
 # Q8_0), which measured ~1 us per 10 MB on the H100 against ~2.8 us for the rms_norm step it saves
 # (bench_siblings: Q8_0 gate/up 14336 x 4096 with the norm 84.1 us, without 72.2; Q4_0 q/k/v
-# 15.4 vs 13.5). Above this the planner keeps the norm as its own step (its next choice).
+# 15.4 vs 13.5). Above this the planner keeps the norm as its own step (its next choice). The
+# streaming _norm builds (blocks.STREAM_NORM) obey it too: 4-layer llama-3-8B-dims Q4_0 token
+# 511.3 us with the norm in gate/up (29 MB re-read) and the head (50 MB), 475.3 with neither and
+# none in the stacked QKV (6 MB), whose step went from 15.0 to 9.7 us (docs/performance.md).
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
 _EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
 DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_THREADS": THREADS,
@@ -138,9 +141,9 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
     if quant:  # the one-column quantized mat-vec's geometry; a SwiGLU block's rows are half gate, half up
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
-        if ((act or norm and n == 1) and (blocks.STREAM_NORM or not norm)
-                and all(blocks.streams(a) for a in weights)):  # kernels/quant.cu mvs_impl
-            v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm)
+        v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm)
+        if ((act or norm and n == 1) and all(blocks.streams(a) for a in weights)
+                and (not norm or blocks.STREAM_NORM and v.row_blocks * K * F32.size <= QUANT_NORM_BYTES_MAX)):
             symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
             k = Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
                          vecs=v, scratch=v.scratch, table=v.table)
