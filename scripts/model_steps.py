@@ -75,7 +75,7 @@ def main() -> None:
                     "product; 1: whole rows)")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
     ap.add_argument("--no-early", action="store_true", help="launch.EARLY_WEIGHTS off")
-    ap.add_argument("--no-stream-norm", action="store_true", help="blocks.STREAM_NORM off")
+    ap.add_argument("--stream-norm", action="store_true", help="blocks.STREAM_NORM on")
     ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
     ap.add_argument("--fa-chunk", type=int, default=None, help="attention.FAST_CHUNK (positions per flash block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
@@ -89,8 +89,8 @@ def main() -> None:
         siblings.QUANT_EPILOGUE = True
     if a.no_stream:
         blocks.STREAM_MATVEC = False
-    if a.no_stream_norm:
-        blocks.STREAM_NORM = False
+    if a.stream_norm:
+        blocks.STREAM_NORM = True
     if a.fa_threads:
         from gg.backends.cuda.families import attention
         attention.THREADS = attention.DEFINES["attn.cu"]["FA_THREADS"] = a.fa_threads

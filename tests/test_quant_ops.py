@@ -334,18 +334,20 @@ def _norm_case(rng, dt, rows, k):
 
 def _norm_kernel(w) -> str:
     """The normalizing one-product step's kernel: the streaming build's _norm variant where the
-    weights stream, else mul_mat_sibq_norm_*."""
-    if blocks.streams(w):
+    weights stream (blocks.STREAM_NORM), else mul_mat_sibq_norm_*."""
+    if blocks.STREAM_NORM and blocks.streams(w):
         return blocks.vecs_name(w.dtype, blocks.vecs(w.dtype, w.ne[1], w.ne[0], norm=True).R, norm=True)
     return f"mul_mat_sibq_norm_{w.dtype.name}_f32{blocks.qx(w.dtype)}"
 
 
 @pytest.mark.parametrize("dt", TYPES)
-def test_norm_mul_mat_quantized_is_one_step(dt, rng):
+@pytest.mark.parametrize("stream_norm", [False, True])
+def test_norm_mul_mat_quantized_is_one_step(dt, rng, stream_norm, monkeypatch):
+    monkeypatch.setattr(blocks, "STREAM_NORM", stream_norm)
     y, _ = _norm_case(rng, dt, 6144, 4096)
     (s,) = gg.build_forward(y, backends=("cuda", "cpu")).plan.steps
     assert s.ops == ("rms_norm", "mul", "mul_mat") and s.kernel == _norm_kernel(y.src[0])
-    assert ("_norm_q4_" in s.kernel and s.kernel.startswith("mul_mat_vecs")) == (dt in blocks.STREAM_TYPES)
+    assert s.kernel.startswith("mul_mat_vecs") == (stream_norm and dt in blocks.STREAM_TYPES)
 
 
 def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
@@ -358,9 +360,11 @@ def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt", TYPES)
 @pytest.mark.parametrize("rows,k", [(6144, 4096), (1029, 2304), (963, 512), (600, 8448)])
-def test_norm_mul_mat_quantized_cuda(dt, rows, k, rng):
+@pytest.mark.parametrize("stream_norm", [False, True])
+def test_norm_mul_mat_quantized_cuda(dt, rows, k, rng, stream_norm, monkeypatch):
     """Normalized on the way in: mul_mat_sibq_norm_*, or the streaming build's _norm variant (4-bit
     types above MVS_MIN_ELEMENTS; K = 8448 in 3 parts, whose sums of squares meet in the last block)."""
+    monkeypatch.setattr(blocks, "STREAM_NORM", stream_norm)
     y, want = _norm_case(rng, dt, rows, k)
     g = gg.build_forward(y, backends=("cuda",))
     assert [s.kernel for s in g.plan.steps] == [_norm_kernel(y.src[0])]

@@ -347,7 +347,7 @@ def act_symbol(out, act: str, norm: bool) -> str:
     streaming build for the types it has (with or without the norm), else mul_mat_sibq_*."""
     from gg.backends.cuda.families import blocks
     gate = out.src[0].src[0].src[0]
-    if blocks.streams(gate):
+    if blocks.streams(gate) and (blocks.STREAM_NORM or not norm):
         return blocks.sibs_symbol(gate, act, norm)
     return f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{gate.dtype.name}_f32{blocks.qx(gate.dtype)}"
 
@@ -450,8 +450,10 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
 @pytest.mark.parametrize("dt", QTYPES)
 @pytest.mark.parametrize("act", ["silu", "gelu"])
 @pytest.mark.parametrize("K,M,norm", [(4096, 1031, True), (2304, 77, False), (512, 45, True), (8448, 77, False), (8448, 77, True)])
-def test_cuda_quant_swiglu(rng, dt, act, K, M, norm, monkeypatch):
-    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # the streaming build (Q4_0/Q4_1 without the norm)
+@pytest.mark.parametrize("stream_norm", [False, True])
+def test_cuda_quant_swiglu(rng, dt, act, K, M, norm, stream_norm, monkeypatch):
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # the streaming build (Q4_0/Q4_1)
+    monkeypatch.setattr(blocks, "STREAM_NORM", stream_norm)  # ... normalizing on the way in, or not
     outs, refs = quant_siblings(rng, [dt] * 2, K, (M, M), norm=norm, act=act)
     g, (fused,) = _compute(outs, CUDA)
     assert [s.kernel for s in g.plan.steps] == [act_symbol(outs[0], act, norm)]
@@ -469,6 +471,7 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
     from test_kernel_contract import _lowered, mismatch
     graphs = []
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)  # small products take the streaming builds too
+    monkeypatch.setattr(blocks, "STREAM_NORM", True)  # ... normalizing ones included
     for qx in (True, False):
         monkeypatch.setattr(blocks, "QUANT_ACTIVATIONS", qx)
         for dt in QTYPES:

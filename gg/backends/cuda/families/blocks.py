@@ -54,12 +54,15 @@ QUANT_ACTIVATIONS = True
 STREAM_TYPES = (Q4_0, Q4_1)  # Q8_0: no faster but on 128256-row heads (docs/performance.md), and its
 # siblings keep F32 activations: the plain product does too
 STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
-# The streaming builds normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
-# product such as a model's head): each thread quantizes x * w of its 32-block (the int8
-# quantization is scale invariant) and the row sums are scaled by 1 / rms(x) at the end, so the
-# norm costs no step; within siblings.QUANT_NORM_BYTES_MAX of norm weights re-read by the blocks.
-# False: the norm stays a step of its own before them (A/B).
-STREAM_NORM = True
+# The streaming builds can normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
+# product such as a stacked QKV or a model's head): each thread quantizes x * w of its 32-block
+# (the int8 quantization is scale invariant) and the row sums are scaled by 1 / rms(x) at the end,
+# so the norm costs no step; within siblings.QUANT_NORM_BYTES_MAX of norm weights re-read by the
+# blocks. Off until a whole token says otherwise: on a 4-layer llama-3-8B-dims Q4_0 twin (H100)
+# the norm in gate/up and the head made the token 511.3 us against 475.3 without (the stacked
+# QKV step itself went from 15.0 to 9.7 us); with the byte limit only the QKV would take it, a
+# configuration not yet replayed whole (docs/performance.md). True: the planner uses them.
+STREAM_NORM = False
 MVS_THREADS = 128
 MVS_SLOTS = 8
 MVS_ROWS = (16, 8, 4)

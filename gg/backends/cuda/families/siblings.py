@@ -36,9 +36,8 @@ ACTIVATIONS = ("silu", "gelu")
 # Q8_0), which measured ~1 us per 10 MB on the H100 against ~2.8 us for the rms_norm step it saves
 # (bench_siblings: Q8_0 gate/up 14336 x 4096 with the norm 84.1 us, without 72.2; Q4_0 q/k/v
 # 15.4 vs 13.5). Above this the planner keeps the norm as its own step (its next choice). The
-# streaming _norm builds (blocks.STREAM_NORM) obey it too: 4-layer llama-3-8B-dims Q4_0 token
-# 511.3 us with the norm in gate/up (29 MB re-read) and the head (50 MB), 475.3 with neither and
-# none in the stacked QKV (6 MB), whose step went from 15.0 to 9.7 us (docs/performance.md).
+# streaming _norm builds (blocks.STREAM_NORM) obey it too: a 4-layer llama-3-8B-dims Q4_0 token
+# took 511.3 us with the norm in gate/up (29 MB re-read) and the head (50 MB), 475.3 with none.
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
 _EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
 DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_THREADS": THREADS,
