@@ -171,12 +171,12 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         else:
             x, nw, eps = step.srcs(g)[1], None, 0.0
         grid, block, smem = k.vecs.launch(wg.dtype)
+        weights: tuple[Tensor, ...] = (wg,)
         if k.act:
             wu = step.srcs(step.nodes[start + 1])[0]
-            args = Args().ptr(addr(wg)).ptr(addr(wu)).i64(wg.nb[1])
-            weights = (wg, wu)
+            args, weights = Args().ptr(addr(wg)).ptr(addr(wu)).i64(wg.nb[1]), (wg, wu)
         else:
-            args, weights = Args().ptr(addr(wg)).i64(wg.nb[1]), (wg,)
+            args = Args().ptr(addr(wg)).i64(wg.nb[1])
         args.ptr(addr(x)).ptr(addr(nw) if nw is not None else 0).f32(eps).ptr(addr(step.out))
         if not k.act:
             args.ptr(0)  # no residual

@@ -1069,7 +1069,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
     }
-    float scale = 1.0f;  // NORM: this part's sum(x^2), then (one part) 1 / rms(x)
+    float scale = 1.0f;  // NORM: 1 / rms(x) from this block's sum(x^2) (the whole row when parts == 1)
     if constexpr (NORM) {
         ss = warp_sum(ss);
         if ((tid & 31) == 0) ssw[tid >> 5] = ss;
