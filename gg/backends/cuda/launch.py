@@ -21,33 +21,37 @@ from .driver import check, cu
 # (`bound`), so the lowering functions ask `addr` rather than carry the plan's memory around.
 _memory: Any = None
 _written: list[tuple[int, int]] | None = None  # device byte ranges the plan's steps write
-_next: dict[int, Any] = {}  # id(step) -> the step after it in the plan
-_prev: dict[int, Any] = {}  # id(step) -> the step before it
+_steps: Sequence = ()  # the plan's steps, in order
+_index: dict[int, int] = {}  # id(step) -> its place in _steps
 
 
 @contextlib.contextmanager
 def bound(memory: Any, steps: Sequence = ()) -> Iterator[None]:
     """Lower `steps`, whose tensors live where `memory` (gg.backends.base.Memory) says."""
-    global _memory, _written, _next, _prev
-    outer = _memory, _written, _next, _prev
+    global _memory, _written, _steps, _index
+    outer = _memory, _written, _steps, _index
     _memory = memory
     try:
         _written = [w for s in steps for w in writes(s)] if steps else None
-        _next = {id(a): b for a, b in zip(steps, steps[1:])}
-        _prev = {id(b): a for a, b in zip(steps, steps[1:])}
+        _steps, _index = steps, {id(s): i for i, s in enumerate(steps)}
         yield
     finally:
-        _memory, _written, _next, _prev = outer
+        _memory, _written, _steps, _index = outer
+
+
+def _neighbour(step: Any, d: int) -> Any:
+    i = _index.get(id(step))
+    return _steps[i + d] if i is not None and 0 <= i + d < len(_steps) else None
 
 
 def following(step: Any) -> Any:
     """The step after `step` in the plan being lowered (None: the last, or not known)."""
-    return _next.get(id(step))
+    return _neighbour(step, 1)
 
 
 def preceding(step: Any) -> Any:
     """The step before `step` in the plan being lowered (None: the first, or not known)."""
-    return _prev.get(id(step))
+    return _neighbour(step, -1)
 
 
 def addr(t: Tensor) -> int:

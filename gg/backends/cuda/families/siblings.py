@@ -140,9 +140,9 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
     if quant:  # the one-column quantized mat-vec's geometry; a SwiGLU block's rows are half gate, half up
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
-        v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm)
-        if ((act or norm and n == 1) and all(blocks.streams(a) for a in weights)
-                and (not norm or blocks.STREAM_NORM and v.row_blocks * K * F32.size <= QUANT_NORM_BYTES_MAX)):
+        streams = (act or norm and n == 1) and all(blocks.streams(a) for a in weights)
+        v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm) if streams else None
+        if v is not None and (not norm or blocks.STREAM_NORM and _norm_fits(v.row_blocks, K)):
             symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
             k = Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
                          vecs=v, scratch=v.scratch, table=v.table)
@@ -150,13 +150,18 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
             per = blocks.matvec_rows(wdt, K, 1, sibling=True)
             k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
                          per // 2 if act else per, quant=True)
-            if norm and sum(k.blocks) * K * F32.size > QUANT_NORM_BYTES_MAX:
+            if norm and not _norm_fits(sum(k.blocks), K):
                 return None
     else:
         chunks = K // (16 // wdt.size)
         threads = min(THREADS, max(32, -(-chunks // 32) * 32))
         k = Siblings("siblings.cu", "mul_mat_sib" + name, rows, norm, act, threads, ACT_ROWS if act else ROWS)
     return k if sum(k.blocks) <= GRID_X_MAX else None
+
+
+def _norm_fits(nblocks: int, K: int) -> bool:
+    """nblocks thread blocks may each re-read the norm's K-float weight row (QUANT_NORM_BYTES_MAX)."""
+    return nblocks * K * F32.size <= QUANT_NORM_BYTES_MAX
 
 
 def lower(rt, step, k: Kernel, what: str) -> list:
