@@ -1,9 +1,11 @@
 # Sourced by the GPU scripts from the repository root: wheels carried to the device machine in
 # .whl/ (nvmath-python for cuBLAS is not installed there; the device tool's README says how to
 # download them) go into /tmp/site, which joins PYTHONPATH with the repository itself.
+# Installed once a machine (a second script running beside the first must not reinstall under it).
 if ls .whl/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    [ -f /tmp/site/.gg-installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.gg-installed; }
+    [ -f /tmp/site/.gg-installed ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
 export PYTHONUNBUFFERED=1

@@ -19,6 +19,8 @@
 #                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
 #                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches;
 #                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS: also with those)
+#   bash scripts/gpu_session.sh prep    the twin mode in the background (files, compiled kernels), to warm up
+#                                       while the same call runs tests
 #   bash scripts/gpu_session.sh ncu     Nsight Compute sections (speed of light, occupancy, warp states,
 #                                       memory) of one decode token's kernels on a twin (TWIN=, TWIN_DIMS=, NCU_K=)
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
@@ -47,7 +49,7 @@ tests)
     ;;
 checks)
     build_llamacpp
-    [ -z "${RERUN:-}" ] || timeout 120 python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
+    [ -z "${RERUN:-}" ] || timeout ${RERUN_TIMEOUT:-120} python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
     if [ -z "${NO_SAN:-}" ]; then
         GG_CUDA_DEVICES=0,0 timeout ${SAN_TIMEOUT:-240} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
             python3 -m pytest -m cuda -q -p no:cacheprovider ${SAN_TESTS:-tests/test_siblings.py tests/test_sibling_epilogue.py \
@@ -112,6 +114,12 @@ twin)
         done
     done 2>&1 | tee "$OUT/twin.log"
     ;;
+prep)  # the twin mode (same TWIN, TREES, FLAGS) in the background, output discarded: twin files made and
+    # every tree's kernels compiled into the disk cache while this call runs tests, so a twin call
+    # right after measures at once
+    OUT=/tmp/prep setsid bash "$0" twin > /tmp/prep.log 2>&1 < /dev/null &
+    echo "twin warming up in the background"
+    ;;
 ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (NCU_K: a kernel-name regex)
     mkdir -p $W
     T=$W/${TWIN_DIMS:=8b}${TWIN_LAYERS:=4}; q=${TWIN:-q4_0}
@@ -124,5 +132,5 @@ ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (
         python3 scripts/ncu_model.py $T-$q.gguf > "$OUT/ncu_${TWIN_DIMS}_$q.csv" 2> "$OUT/ncu_err.log"
     echo "ncu exit $?: $(wc -l < "$OUT/ncu_${TWIN_DIMS}_$q.csv") lines"
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|twin|ncu"; exit 2 ;;
+*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|twin|prep|ncu"; exit 2 ;;
 esac

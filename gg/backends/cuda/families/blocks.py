@@ -51,8 +51,8 @@ QUANT_ACTIVATIONS = True
 # than MVS_THREADS blocks put up to MVS_SLOTS groups of R rows side by side. R is the largest of
 # MVS_ROWS that still gives MVS_MIN_BLOCKS blocks (two per SM of an H100: fewer leave too little
 # in flight), else the smallest.
-STREAM_TYPES = (Q4_0, Q4_1)  # Q8_0: no faster but on 128256-row heads (docs/performance.md), and its
-# siblings keep F32 activations: the plain product does too
+STREAM_TYPES = (Q8_0, Q4_0, Q4_1)  # int8 activations for all three (Q8_0 as ggml's mmvq does; its
+# mul_mat_vec1 and sibling builds keep F32 activations)
 STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
 # The streaming builds can normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
 # product such as a stacked QKV or a model's head): each thread quantizes x * w of its 32-block
@@ -72,6 +72,11 @@ MVS_MIN_BLOCKS = 264
 # (Vecs). Nsight Compute on llama-3-8B dims: 512 blocks of whole rows kept 15 warps an SM and
 # 40% of DRAM bandwidth, latency-bound (docs/performance.md).
 MVS_MAX_PARTS = 8
+# A block's rows are copied in MVS_GROUPS commit groups (by row within the slot) and each group is
+# multiplied as soon as it lands: with one group a block's arithmetic waited for its last byte,
+# and the first wave's blocks (all of them in a one-wave step) left the DRAM idle while they
+# computed. At most 4 (kernels/quant.cu counts pending groups up to 7: two chunks' groups).
+MVS_GROUPS = 2
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args)
 MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
@@ -83,7 +88,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUA
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
-                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
+                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS, "QUANT_MVS_GROUPS": MVS_GROUPS,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 
