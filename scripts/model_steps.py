@@ -73,8 +73,8 @@ def main() -> None:
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
                     "product; 1: whole rows)")
-    ap.add_argument("--mvs-groups", type=int, default=None, help="blocks.MVS_GROUPS (commit groups of a "
-                    "streaming block's rows; 1: one)")
+    ap.add_argument("--no-stream-norm", action="store_true", help="blocks.STREAM_NORM off")
+    ap.add_argument("--stream-types", default=None, help="blocks.STREAM_TYPES by name, e.g. q4_0,q4_1")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
     ap.add_argument("--no-early", action="store_true", help="launch.EARLY_WEIGHTS off")
     ap.add_argument("--stream-norm", action="store_true", help="blocks.STREAM_NORM on")
@@ -113,8 +113,10 @@ def main() -> None:
         blocks.MVS_MIN_BLOCKS = a.min_blocks
     if a.mvs_parts is not None:
         blocks.MVS_PARTS = a.mvs_parts
-    if a.mvs_groups is not None:
-        blocks.MVS_GROUPS = blocks.DEFINES["quant.cu"]["QUANT_MVS_GROUPS"] = a.mvs_groups
+    if a.no_stream_norm:
+        blocks.STREAM_NORM = False
+    if a.stream_types is not None:
+        blocks.STREAM_TYPES = tuple(t for t in blocks.TYPES if t.name in a.stream_types.split(","))
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
     dec = m._decoder("argmax")
     dec.run([1], a.n_past)

@@ -58,11 +58,11 @@ STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests o
 # product such as a stacked QKV or a model's head): each thread quantizes x * w of its 32-block
 # (the int8 quantization is scale invariant) and the row sums are scaled by 1 / rms(x) at the end,
 # so the norm costs no step; within siblings.QUANT_NORM_BYTES_MAX of norm weights re-read by the
-# blocks. Off until a whole token says otherwise: on a 4-layer llama-3-8B-dims Q4_0 twin (H100)
-# the norm in gate/up and the head made the token 511.3 us against 475.3 without (the stacked
-# QKV step itself went from 15.0 to 9.7 us); with the byte limit only the QKV would take it, a
-# configuration not yet replayed whole (docs/performance.md). True: the planner uses them.
-STREAM_NORM = False
+# blocks: on a 4-layer llama-3-8B-dims Q4_0 twin (H100) the norm in gate/up and the head made the
+# token 511.3 us against 475.3 without (they re-read 29 / 50 MB of norm weights), while the
+# stacked QKV step went from 15.0 to 9.7 us; under the byte limit only the QKV takes it, and the
+# token is faster (docs/performance.md, twelfth session). False: mul_mat_sibq_norm_* instead.
+STREAM_NORM = True
 MVS_THREADS = 128
 MVS_SLOTS = 8
 MVS_ROWS = (16, 8, 4)
@@ -72,11 +72,6 @@ MVS_MIN_BLOCKS = 264
 # (Vecs). Nsight Compute on llama-3-8B dims: 512 blocks of whole rows kept 15 warps an SM and
 # 40% of DRAM bandwidth, latency-bound (docs/performance.md).
 MVS_MAX_PARTS = 8
-# A block's rows are copied in MVS_GROUPS commit groups (by row within the slot) and each group is
-# multiplied as soon as it lands: with one group a block's arithmetic waited for its last byte,
-# and the first wave's blocks (all of them in a one-wave step) left the DRAM idle while they
-# computed. At most 4 (kernels/quant.cu counts pending groups up to 7: two chunks' groups).
-MVS_GROUPS = 2
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args)
 MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
@@ -88,7 +83,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUA
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
-                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS, "QUANT_MVS_GROUPS": MVS_GROUPS,
+                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 

@@ -1016,8 +1016,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
                                          float eps, float* y, const float* res, i64 n_rows, int K, int parts,
                                          float* partial, int* tickets, int pdl) {
     constexpr int NT = QUANT_MVS_THREADS;
-    constexpr int G = R < QUANT_MVS_GROUPS ? R : QUANT_MVS_GROUPS, RG = R / G;  // commit groups of RG rows a slot
-    static_assert(R % G == 0 && 2 * G - 1 <= 7, "whole row groups; cp_async_wait_upto counts up to 7");
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
     __shared__ float ssw[NT / 32];
@@ -1034,23 +1032,17 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
     const int nv = rs / 16;
     const float rnv = 1.0f / (float)nv;
-    // Chunk c's rows in G commit groups by row within the slot (m in [gi * RG, gi * RG + RG) of
-    // every slot): group gi is multiplied as soon as it has landed, while the later ones still
-    // arrive, instead of all arithmetic waiting for the last byte.
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
         const int bytes = min(tpr, nblk - c * tpr) * Q::BYTES;
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
 #pragma unroll 1
-            for (int v = tid; v < slots * RG * nv; v += NT) {
-                const int e = fdiv(v, rnv), k = v - e * nv, j = (e / RG) * R + gi * RG + e % RG;
-                const char* p = g.row(j) + (i64)c * cb;
-                const int off = (int)((unsigned long long)p & 15u), have = off + bytes - 16 * k;
-                if (j < nr && have > 0) cp_async16(sb + j * rs + 16 * k, p - off + 16 * k, min(have, 16));
-            }
-            cp_async_commit();
+        for (int v = tid; v < nr * nv; v += NT) {
+            const int j = fdiv(v, rnv), k = v - j * nv;
+            const char* p = g.row(j) + (i64)c * cb;
+            const int off = (int)((unsigned long long)p & 15u), have = off + bytes - 16 * k;
+            if (have > 0) cp_async16(sb + j * rs + 16 * k, p - off + 16 * k, min(have, 16));
         }
+        cp_async_commit();
     };
     x += (i64)g.kb0 * Q::QK;  // this part's activations
     if constexpr (NORM) nw += (i64)g.kb0 * Q::QK;
@@ -1074,20 +1066,18 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
-        const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item * Q::BYTES;
+        if (c + 1 < nchunks) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        if (late && c + 1 == nchunks) gg_launch_dependents();
+        __syncthreads();
+        if (live) {
+            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item * Q::BYTES;
 #pragma unroll
-        for (int gi = 0; gi < G; ++gi) {  // groups left in flight: this chunk's later ones, the next chunk's
-            cp_async_wait_upto(G - 1 - gi + (c + 1 < nchunks ? G : 0));
-            if (late && c + 1 == nchunks && gi == G - 1) gg_launch_dependents();
-            __syncthreads();
-            if (live) {
-#pragma unroll
-                for (int m = gi * RG; m < gi * RG + RG; ++m) {
-                    const int j = slot * R + m;
-                    if (j < nr) {
-                        const unsigned off = (unsigned)((unsigned long long)(g.row(j) + (i64)c * cb) & 15u);
-                        acc[m] = MVS<Q>::dot(sb + j * rs + off, xb, acc[m]);
-                    }
+            for (int m = 0; m < R; ++m) {
+                const int j = slot * R + m;
+                if (j < nr) {
+                    const unsigned off = (unsigned)((unsigned long long)(g.row(j) + (i64)c * cb) & 15u);
+                    acc[m] = MVS<Q>::dot(sb + j * rs + off, xb, acc[m]);
                 }
             }
         }
