@@ -117,12 +117,12 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
         fused = fast_splits <= FUSE_SPLITS
         groups = kqv.ne[2] // nh * q.ne[1] * kqv.ne[3]  # the grid's y * z: one counter each
         return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}" + ("_vpos" if v_pos else ""), True,
-                           nh, FAST_CHUNK, v_pos, fused, scratch=4 * rows * fast_splits * (2 + hd),
+                           nh, FAST_CHUNK, v_pos, fused, scratch=4 * rows * fast_splits * (2 + hd) + 16,
                            table=4 * groups if fused else 0)
     fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
     return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, v_pos,
-                       scratch=4 * rows * most * (2 + hd))
+                       scratch=4 * rows * most * (2 + hd) + 16)
 
 
 def lower(rt, step, kern: FlashKernel, what: str) -> list:

@@ -97,8 +97,12 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
 
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
 // VP (fast path): V position-major, its tile staged like K's ([FA_CHUNK][HD]).
-template <int NH, int HD>
-__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt);
+template <class TK, int NH, int HD>
+__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt, char* smem);
+
+// Where the workspace's o (per row and chunk) starts, after the (m, l) pairs: 16-byte aligned so a
+// head group's o can be copied with 16-byte cp.async (the host's scratch has 16 bytes to spare).
+__device__ __forceinline__ i64 fa_o_base(i64 R, int S) { return (2 * R * S + 3) & ~(i64)3; }
 
 template <class TK, int NH, int HD, bool VP>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
@@ -129,7 +133,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     // workspace: (m, l) per (row, split), then o[hd] per (row, split); row = query head of a token
     const i64 R = (i64)gridDim.z * d.ne[2];
     float* ws_ml = ws;
-    float* ws_o = ws + 2 * R * S;
+    float* ws_o = ws + fa_o_base(R, S);
     auto row_of = [&](int hh) -> i64 { return (i64)blockIdx.z * d.ne[2] + h0 + hh; };
     auto diag = [&](i64 j) -> bool { return p.n_past >= 0 && j > (i64)p.n_past + t; };
 
@@ -378,20 +382,25 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
         for (int e = tid; e < NH * hd; e += FA_THREADS) ws_o[(row_of(e / hd) * S + split) * hd + e % hd] = 0.0f;
     }
-    if (cnt) flash_finish<NH, HD>(dst, d, ws, cnt);
+    if (cnt) flash_finish<TK, NH, HD>(dst, d, ws, cnt, dyn);
 }
 
 // The fused combine: every block publishes its chunk's (m, l, o) and takes a ticket; the last of a
 // head group's S blocks combines the group's rows as flash_combine does (out = Σ e^(m_c - M) o_c /
-// Σ e^(m_c - M) l_c) and resets the counter for the next run. Its loads bypass L1 (__ldcg: the
-// other blocks wrote on other SMs) and are all issued before the weights are known: the tail is
-// one round trip, not one per chunk. Fast builds only (HD > 0): S <= FA_FUSE_SPLITS.
-template <int NH, int HD>
-__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt) {
+// Σ e^(m_c - M) l_c) and resets the counter for the next run. The group's rows are adjacent in the
+// workspace, so their (m, l) and o are two contiguous runs: the o of PH heads at a time go to
+// shared memory (the K and V tiles, unused now) with 16-byte cp.async while the (m, l) are loaded,
+// all in flight at once: the tail is one round trip a pass (one pass for NH <= PH), where a loop
+// over the heads with its loads inside had cost one round trip a head. Loads bypass L1 (the other
+// blocks wrote on other SMs). Fast builds only (HD > 0): S <= FA_FUSE_SPLITS.
+template <class TK, int NH, int HD>
+__device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt, char* smem) {
     if constexpr (HD > 0) {
-        constexpr int SL = FA_THREADS / HD, U = FA_FUSE_SPLITS / SL;  // chunk slices; a thread's chunks
+        constexpr int TILES = 2 * FA_CHUNK * HD * (int)sizeof(TK);  // the block's dynamic shared memory
+        constexpr int PH = TILES / (FA_FUSE_SPLITS * HD * 4) < NH ? TILES / (FA_FUSE_SPLITS * HD * 4) : NH;
+        static_assert(PH >= 1 && NH % PH == 0 && NH * FA_FUSE_SPLITS <= FA_THREADS, "combine passes");
         __shared__ int last;
-        __shared__ float w[FA_FUSE_SPLITS], part[FA_THREADS], Ls;
+        __shared__ float w[NH * FA_FUSE_SPLITS], lw[NH * FA_FUSE_SPLITS];
         const int tid = threadIdx.x, S = (int)gridDim.x;
         __threadfence();  // this block's (m, l, o) are visible device-wide before its ticket
         __syncthreads();
@@ -406,42 +415,49 @@ __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* w
         const float NEG_INF = -__int_as_float(0x7f800000);
         const i64 R = (i64)gridDim.z * d.ne[2];
         const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
-        const int dd = tid % HD, sl = tid / HD;
-        for (int hh = 0; hh < NH; ++hh) {
-            const int h = (int)blockIdx.y * NH + hh;
-            const i64 row = (i64)blockIdx.z * d.ne[2] + h;
-            const float* ml = ws + row * S * 2;
-            const float* o = ws + 2 * R * S + row * S * HD;
-            float ov[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = u * SL + sl;
-                ov[u] = c < S ? __ldcg(o + (i64)c * HD + dd) : 0.0f;
-            }
-            if (tid < 32) {  // one warp: the chunks' weights and their sum
-                const float m = tid < S ? __ldcg(ml + 2 * tid) : NEG_INF;
-                const float l = tid < S ? __ldcg(ml + 2 * tid + 1) : 0.0f;
-                const float M = warp_max(m);
-                const float e = (tid < S && m != NEG_INF) ? expf(m - M) : 0.0f;  // an empty chunk: weight 0
-                if (tid < FA_FUSE_SPLITS) w[tid] = e;
-                const float L = warp_sum(e * l);
-                if (tid == 0) Ls = L;
-            }
-            __syncthreads();
-            float acc = 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = u * SL + sl;
-                if (c < S) acc += w[c] * ov[u];
-            }
-            part[tid] = acc;
-            __syncthreads();
-            if (sl == 0) {
-                for (int i = 1; i < SL; ++i) acc += part[i * HD + dd];
+        const i64 row0 = (i64)blockIdx.z * d.ne[2] + (i64)blockIdx.y * NH;  // the group's first row
+        const float* ml = ws + row0 * S * 2;                  // [NH][S][2]
+        const float* o = ws + fa_o_base(R, S) + row0 * S * HD;  // [NH][S][HD], 16-byte aligned
+        float* os = (float*)smem;
+        auto fetch = [&](int h0) {  // the o of heads h0 .. h0 + PH
+            const int n4 = PH * S * HD / 4;
+            for (int e = tid; e < n4; e += FA_THREADS) cp_async16(os + 4 * e, o + (i64)h0 * S * HD + 4 * e, 16);
+            cp_async_commit();
+        };
+        fetch(0);
+        if (tid < NH * S) {  // thread i: chunk i % S of head i / S
+            w[tid] = __ldcg(ml + 2 * tid);
+            lw[tid] = __ldcg(ml + 2 * tid + 1);
+        }
+        __syncthreads();
+        float M = NEG_INF;
+        if (tid < NH * S)
+            for (int c = 0; c < S; ++c) M = max_nan(M, w[tid / S * S + c]);
+        __syncthreads();  // every maximum taken before the weights replace the m
+        if (tid < NH * S) {
+            const float m = w[tid], e = m == NEG_INF ? 0.0f : expf(m - M);  // an empty chunk: weight 0
+            w[tid] = e;
+            lw[tid] *= e;
+        }
+#pragma unroll 1
+        for (int h0 = 0; h0 < NH; h0 += PH) {
+            cp_async_wait<0>();
+            __syncthreads();  // the o in shared memory, the weights published
+            for (int e = tid; e < PH * HD; e += FA_THREADS) {
+                const int hp = e / HD, dd = e - hp * HD, hh = h0 + hp;
+                float acc = 0.0f, L = 0.0f;
+                for (int c = 0; c < S; ++c) {
+                    acc += w[hh * S + c] * os[(hp * S + c) * HD + dd];
+                    L += lw[hh * S + c];
+                }
+                const int h = (int)blockIdx.y * NH + hh;
                 *(float*)(dst + dd * d.nb[0] + t * d.nb[1] + h * d.nb[2] + i3 * d.nb[3]) =
-                    Ls == 0.0f ? 0.0f : acc / Ls;  // fully masked: zeros
+                    L == 0.0f ? 0.0f : acc / L;  // fully masked: zeros
             }
-            __syncthreads();  // w, part and Ls serve the next head
+            if (h0 + PH < NH) {
+                __syncthreads();  // os read before the next heads' o replace it
+                fetch(h0 + PH);
+            }
         }
     }
 }
@@ -460,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(FC_THREADS)
     const int tid = threadIdx.x;
     const i64 row = blockIdx.x, R = d.ne[1] * d.ne[2] * d.ne[3];
     const float* ml = ws + row * S * 2;
-    const float* o = ws + 2 * R * S + row * S * hd;
+    const float* o = ws + fa_o_base(R, S) + row * S * hd;
     const int dd = blockIdx.y * FC_OUT + tid % FC_OUT, slice = tid / FC_OUT;
     float acc = 0.0f;
     for (int s0 = 0; s0 < S; s0 += SLICES * FA_BATCH) {  // one pass for S <= SLICES * FA_BATCH
