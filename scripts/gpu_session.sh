@@ -3,8 +3,9 @@
 # to $OUT:
 #   bash scripts/gpu_session.sh tests   start llama.cpp's build in the background (needs .anchors/
 #                                       carried: the anchors kit), then every cuda and compile_all
-#                                       test, the layer split on two logical devices and the HF
-#                                       parity tests (transformers)
+#                                       test (TESTS="files / pytest options": some), the layer split on
+#                                       two logical devices and the HF parity tests (transformers;
+#                                       TESTS_ONLY=1: not these two)
 #   bash scripts/gpu_session.sh checks  RERUN="tests..." reruns cuda tests, memcheck on the newest
 #                                       suites (SAN_TESTS), the fuzzer (GG_FUZZ_EXAMPLES, default 1000;
 #                                       FUZZ_TIMEOUT)
@@ -43,7 +44,8 @@ build_llamacpp() {  # in the background: llama-bench and llama-quantize (~4.5 mi
 case "${1:-}" in
 tests)
     build_llamacpp
-    timeout 420 python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider tests/ 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider ${TESTS:-tests/} 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
+    [ -n "${TESTS_ONLY:-}" ] && exit 0
     GG_CUDA_DEVICES=0,0 timeout 60 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -3 | tee "$OUT/pytest_devices.log"
     timeout 90 python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
     ;;

@@ -51,8 +51,9 @@ QUANT_ACTIVATIONS = True
 # than MVS_THREADS blocks put up to MVS_SLOTS groups of R rows side by side. R is the largest of
 # MVS_ROWS that still gives MVS_MIN_BLOCKS blocks (two per SM of an H100: fewer leave too little
 # in flight), else the smallest.
-STREAM_TYPES = (Q8_0, Q4_0, Q4_1)  # int8 activations for all three (Q8_0 as ggml's mmvq does; its
-# mul_mat_vec1 and sibling builds keep F32 activations)
+STREAM_TYPES = (Q8_0, Q4_0, Q4_1, Q6_K)  # int8 activations for all (Q8_0 and Q6_K as ggml's mmvq
+# does; their mul_mat_vec1 and sibling builds keep F32 activations). A thread's item is 32 elements:
+# a Q6_K block of 256 is 8 items (items_per_block), each thread reading its quarter-half's bits.
 STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
 # The streaming builds can normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
 # product such as a stacked QKV or a model's head): each thread quantizes x * w of its 32-block
@@ -117,7 +118,7 @@ def streams(a: Tensor) -> bool:
     """The streaming mat-vec reads these weights: a type it has, rows at the alignment its word
     reads need (Q4_1's 20-byte blocks 4-aligned, Q4_0's 18-byte ones 2-aligned), a matrix of at
     least MVS_MIN_ELEMENTS."""
-    align = 4 if a.dtype is Q4_1 else 2
+    align = 4 if a.dtype is Q4_1 else 2  # Q8_0 34, Q6_K 210: 2
     return (STREAM_MATVEC and QUANT_ACTIVATIONS and a.dtype in STREAM_TYPES and a.nb[1] % align == 0
             and a.view_offs % align == 0 and a.ne[0] * a.ne[1] >= MVS_MIN_ELEMENTS)
 
@@ -194,17 +195,23 @@ class Vecs:
         """Grid, block and dynamic shared memory: one stage (two when a part is more than one chunk)
         of slots * R rows, each row's chunk padded by 16 bytes for rows that start off a 16-byte
         boundary; at least the R * MVS_THREADS partial sums of the short-row reduction."""
-        stages = 1 if self.per <= self.tpr else 2
-        pitch = (self.tpr * dtype.size + 31) // 16 * 16
+        ipb = items_per_block(dtype)
+        stages = 1 if self.per * ipb <= self.tpr else 2
+        pitch = (self.tpr // ipb * dtype.size + 31) // 16 * 16
         smem = max(stages * self.slots * self.R * pitch, 4 * self.R * MVS_THREADS if self.slots > 1 else 0)
         return (self.row_blocks * self.parts, 1, 1), (MVS_THREADS, 1, 1), smem
 
 
+def items_per_block(dtype: DType) -> int:
+    """A streaming thread's items (32 elements, one int8 activation block) per quant block."""
+    return dtype.block_size // 32
+
+
 def vecs_parts(dtype: DType, ne0: int) -> int:
-    """K parts of a streaming product: one chunk (MVS_THREADS quant blocks) a part, at most
+    """K parts of a streaming product: one chunk (MVS_THREADS items) a part, at most
     MVS_MAX_PARTS; MVS_PARTS > 0 forces a count (A/B)."""
     nblk = ne0 // dtype.block_size
-    want = MVS_PARTS or -(-nblk // MVS_THREADS)
+    want = MVS_PARTS or -(-nblk * items_per_block(dtype) // MVS_THREADS)
     return max(1, min(MVS_MAX_PARTS, want, nblk))
 
 
@@ -215,7 +222,7 @@ def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False, norm: bool = Fa
     rows = n_rows * (2 if act else 1)
     parts = vecs_parts(dtype, ne0)
     per = -(-(ne0 // dtype.block_size) // parts)
-    tpr = max(1, min(MVS_THREADS, per))
+    tpr = max(1, min(MVS_THREADS, per * items_per_block(dtype)))
     slots = min(MVS_SLOTS, MVS_THREADS // tpr)
     R = next((r for r in MVS_ROWS if -(-rows // (r * slots)) * parts >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
     return Vecs(R, parts, per, tpr, slots, rows, act, norm)

@@ -921,7 +921,7 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool
 // at p = a + o (o = 0 or 2) has its F16 scale at byte o and its quants from byte o + 2.
 template <class Q> struct MVS;
 template <> struct MVS<QQ4_0> {
-    static __device__ __forceinline__ float dot(const u8* p, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
         const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
         const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
         unsigned w[5];
@@ -939,7 +939,7 @@ template <> struct MVS<QQ4_0> {
     }
 };
 template <> struct MVS<QQ8_0> {  // 34-byte blocks (2-aligned): F16 scale, then 32 int8 quants in order
-    static __device__ __forceinline__ float dot(const u8* p, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
         const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
         const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
         unsigned w[9];
@@ -953,7 +953,7 @@ template <> struct MVS<QQ8_0> {  // 34-byte blocks (2-aligned): F16 scale, then 
     }
 };
 template <> struct MVS<QQ4_1> {
-    static __device__ __forceinline__ float dot(const u8* p, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
         const unsigned* a = (const unsigned*)p;  // 4-aligned (the host admits only such rows)
         int s = 0;
 #pragma unroll
@@ -964,6 +964,41 @@ template <> struct MVS<QQ4_1> {
         }
         const unsigned dm = a[0];
         return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)s, acc));  // d q + m
+    }
+};
+// 8 words from the 2-aligned p (4-byte aligned reads realigned by funnel shifts).
+__device__ __forceinline__ void mvs_words8_a2(const u8* p, unsigned* w) {
+    const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
+    const unsigned sh = 8u * ((unsigned)(unsigned long long)p & 3u);
+    unsigned r[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) r[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+}
+// Q6_K (210-byte blocks of 256, 2-aligned): item `sub` is elements 32 sub .. + 31, i.e. quarter q of
+// half h: low 4 bits in ql[64 h + 32 (q & 1) + l] (high nibble for q >= 2), high 2 bits at
+// qh[32 h + l] >> 2q, value d * scale * (q6 - 32) with int8 scales[8 h + 2 q + (l >= 16)].
+template <> struct MVS<QQ6_K> {
+    static __device__ __forceinline__ float dot(const u8* p, int sub, const XB& x, float acc) {
+        const int h = sub >> 2, q = sub & 3;
+        unsigned lo[8], hi[8];
+        mvs_words8_a2(p + 64 * h + 32 * (q & 1), lo);
+        mvs_words8_a2(p + 128 + 32 * h, hi);
+        const unsigned ns = 4u * (unsigned)(q >> 1), hs = 2u * (unsigned)q;
+        int s0 = 0, s1 = 0, x0 = 0, x1 = 0;  // x0, x1: the halves' sums of the int8 activations (the -32)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int a = (int)(((lo[i] >> ns) & 0x0f0f0f0fu) | (((hi[i] >> hs) & 0x03030303u) << 4));
+            const int b = (int)(((lo[4 + i] >> ns) & 0x0f0f0f0fu) | (((hi[4 + i] >> hs) & 0x03030303u) << 4));
+            s0 = __dp4a(a, x.q[i], s0);
+            s1 = __dp4a(b, x.q[4 + i], s1);
+            x0 = __dp4a(0x01010101, x.q[i], x0);
+            x1 = __dp4a(0x01010101, x.q[4 + i], x1);
+        }
+        const unsigned sc = *(const u16*)(p + 192 + 8 * h + 2 * q);
+        const int t = (int)(signed char)(sc & 0xffu) * (s0 - 32 * x0) + (int)(signed char)(sc >> 8) * (s1 - 32 * x1);
+        return fmaf(sm_half(p + 208) * x.d, (float)t, acc);
     }
 };
 
@@ -979,12 +1014,13 @@ struct MvsRows {
     i64 rb, r0, nb1, up;
     const char* wb;
     __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K, int parts) {
+        constexpr int IPB = Q::QK / 32;  // a thread's items (32 elements) per quant block
         const int all = K / Q::QK, per = (all + parts - 1) / parts;
         rb = (i64)(blockIdx.x / (unsigned)parts);
         part = (int)(blockIdx.x - (unsigned)rb * (unsigned)parts);
         kb0 = min(all, part * per);
         nblk = min(all, kb0 + per) - kb0;
-        tpr = max(1, min(QUANT_MVS_THREADS, per));
+        tpr = max(1, min(QUANT_MVS_THREADS, per * IPB));
         slots = min(QUANT_MVS_SLOTS, QUANT_MVS_THREADS / tpr);
         const int ob = ACT != MV_ACT_NONE ? slots * R / 2 : slots * R;
         r0 = rb * ob;
@@ -1025,16 +1061,17 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     if (g.no == 0) return;
     const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
     const i64 r0 = g.r0;
-    const int nchunks = (nblk + tpr - 1) / tpr;
+    constexpr int IPB = Q::QK / 32;  // items (a thread's 32 elements) per quant block: 8 for Q6_K
+    const int items = nblk * IPB, nchunks = (items + tpr - 1) / tpr;
     const i64 wrows = ACT != MV_ACT_NONE ? 2 * n_rows : n_rows;
     const i64 stride = wrows + (NORM ? 1 : 0);  // of the partial sums, a part's (NORM: then its sum(x^2))
     const int slot = tid / tpr, item = tid - slot * tpr;
-    const int cb = tpr * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
+    const int cb = tpr / IPB * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
     const int nv = rs / 16;
     const float rnv = 1.0f / (float)nv;
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
-        const int bytes = min(tpr, nblk - c * tpr) * Q::BYTES;
+        const int bytes = min(tpr, items - c * tpr) / IPB * Q::BYTES;
 #pragma unroll 1
         for (int v = tid; v < nr * nv; v += NT) {
             const int j = fdiv(v, rnv), k = v - j * nv;
@@ -1059,7 +1096,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
         const int b = c * tpr + item;
-        const bool live = slot < slots && b < nblk;
+        const bool live = slot < slots && b < items;
         XB xb;
         if (live) {  // while the copies are in flight
             float s2 = 0.0f;
@@ -1071,13 +1108,13 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (late && c + 1 == nchunks) gg_launch_dependents();
         __syncthreads();
         if (live) {
-            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item * Q::BYTES;
+            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item / IPB * Q::BYTES;
 #pragma unroll
             for (int m = 0; m < R; ++m) {
                 const int j = slot * R + m;
                 if (j < nr) {
                     const unsigned off = (unsigned)((unsigned long long)(g.row(j) + (i64)c * cb) & 15u);
-                    acc[m] = MVS<Q>::dot(sb + j * rs + off, xb, acc[m]);
+                    acc[m] = MVS<Q>::dot(sb + j * rs + off, item % IPB, xb, acc[m]);
                 }
             }
         }
@@ -1307,5 +1344,6 @@ GG_QUANT_QX(QQ4_1, q4_1)
 GG_QUANT_VECS(QQ8_0, q8_0)
 GG_QUANT_VECS(QQ4_0, q4_0)
 GG_QUANT_VECS(QQ4_1, q4_1)
+GG_QUANT_VECS(QQ6_K, q6_k)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
