@@ -156,18 +156,21 @@ def test_streaming_matvec_cuts_long_rows(rows, k, parts, per, R, monkeypatch):
     assert g.plan.steps[-1].choice.vecs == v and g.plan.steps[-1].choice.scratch == v.scratch
 
 
+STREAM_CASES = [(40, 32, 0, 0, False), (17, 4128, 3, 1, True), (50, 14336, 1, 0, True), (33, 576, 2, 3, False),
+                (300, 4096, 0, 0, True), (4500, 4096, 1, 0, True), (3000, 4096, 0, 1, False),
+                (9000, 160, 0, 0, False), (33, 768, 1, 3, True), (19, 4352, 0, 1, True)]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("dt", blocks.STREAM_TYPES)
-@pytest.mark.parametrize("rows,k,lo,xoff,res", [(40, 32, 0, 0, False), (17, 4128, 3, 1, True), (50, 14336, 1, 0, True),
-                                                 (33, 576, 2, 3, False), (300, 4096, 0, 0, True),
-                                                 (4500, 4096, 1, 0, True), (3000, 4096, 0, 1, False),
-                                                 (9000, 160, 0, 0, False)])
+@pytest.mark.parametrize("dt,rows,k,lo,xoff,res", [(dt, *c) for dt in blocks.STREAM_TYPES for c in STREAM_CASES
+                                                   if c[1] % dt.block_size == 0])
 def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng, monkeypatch):
-    """mul_mat_vecs<R>_*: one block and a partial last chunk (K = 32, 4128), rows that start off a
-    16-byte boundary (a view from row `lo`; K = 576), an x not 16-byte aligned (`xoff` floats into
-    a row), the residual added as it writes, every R of blocks.MVS_ROWS (4500 rows take 16, 3000
-    rows 8, 9000 rows of 5 blocks 4 in 8 groups a block), rows cut into parts (K = 4128: 2, 14336:
-    4), computed twice; NMSE against float64 within ggml's bound."""
+    """mul_mat_vecs<R>_*: one block and a partial last chunk (K = 32, 4128; Q6_K's 8 items a block:
+    4352 in 2 parts of 72 and 64 items), rows that start off a 16-byte boundary (a view from row
+    `lo`; K = 576, 768), an x not 16-byte aligned (`xoff` floats into a row), the residual added
+    as it writes, every R of blocks.MVS_ROWS (4500 rows take 16, 3000 rows 8, 9000 rows of 5 blocks
+    4 in 8 groups a block), rows cut into parts (K = 4128: 2, 14336: 4), computed twice; NMSE
+    against float64 within ggml's bound."""
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     ctx = gg.Context()
     w_all = random_weights(rng, dt, rows + lo, k, ctx)
