@@ -836,14 +836,15 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
                                               (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
 }
 
-// ---- streaming mat-vec: one column, 32-element block types, int8 activations (`mul_mat_vecs_*_qx`) --
+// ---- streaming mat-vec: one column, Q8_0 / Q4_0 / Q4_1 / Q6_K, int8 activations (`mul_mat_vecs_*_qx`) --
 // The mat-vec above spends ~20 instructions per weight byte on staging, addressing and decoding
 // item by item (Nsight Compute: issue-bound, 0.37 of DRAM throughput; docs/performance.md). This
 // one does per weight block and row only what the arithmetic needs:
-// * Thread t of QUANT_MVS_THREADS owns weight block t of every chunk (QUANT_MVS_THREADS blocks of
-//   K) of all R rows of its thread block: it quantizes those 32 activations to int8 in registers
-//   once (ggml's q8: d = amax / 127), and each of its R rows costs the block's words from shared
-//   memory, 8 __dp4a and two multiplies. No shuffles, no shared memory for the activations.
+// * Thread t of QUANT_MVS_THREADS owns item t (32 elements: a block of the 32-element types, an
+//   eighth of a Q6_K block) of every chunk (QUANT_MVS_THREADS items of K) of all R rows of its
+//   thread block: it quantizes those 32 activations to int8 in registers once (ggml's q8:
+//   d = amax / 127), and each of its R rows costs the item's words from shared memory, 8 __dp4a
+//   and two multiplies (Q6_K: 16 __dp4a, its 6-bit values assembled from two runs of words). No shuffles, no shared memory for the activations.
 // * Chunks of all R rows are copied global -> shared with 16-byte cp.async one chunk ahead of the
 //   one being multiplied (two stages, dynamic shared memory; one when K is one chunk): a K = 4096
 //   row group is requested whole before anything else happens. A row's copy starts at the 16-byte
@@ -916,39 +917,53 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool
     return b;
 }
 
-// One staged weight block at p (2-aligned: Q4_0's 18-byte blocks; Q4_1's 20 are 4-aligned) times
-// the activations, added to acc. Words are read 4-aligned and realigned by funnel shifts: a block
-// at p = a + o (o = 0 or 2) has its F16 scale at byte o and its quants from byte o + 2.
+// One staged weight block at p (2-aligned: Q4_0's 18-byte blocks, Q8_0's 34, Q6_K's 210; Q4_1's 20
+// are 4-aligned) times the activations of its item `sub` (32 elements; Q6_K has 8 a block), added
+// to acc. Words are read 4-aligned and realigned by funnel shifts: a block at p = a + o (o = 0 or 2)
+// has its F16 scale at byte o and its quants from byte o + 2.
 template <class Q> struct MVS;
+// N words from the 2-aligned p (4-byte aligned reads realigned by funnel shifts; Q6_K's runs end
+// at least 4 bytes before its block does).
+template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsigned* w) {
+    const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
+    const unsigned sh = 8u * ((unsigned)(unsigned long long)p & 3u);
+    unsigned r[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) r[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+}
+// A 2-aligned block's N words of quants from byte 2 into q, its F16 scale (bytes 0-1) returned.
+template <int N> __device__ __forceinline__ float mvs_block_a2(const u8* p, unsigned* q) {
+    const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
+    const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
+    unsigned w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) w[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) q[i] = __funnelshift_rc(w[i], w[i + 1], sh);
+    return h2f((u16)(__funnelshift_rc(w[0], w[1], sh - 16u) & 0xffffu));
+}
 template <> struct MVS<QQ4_0> {
     static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
-        const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
-        const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
-        unsigned w[5];
-#pragma unroll
-        for (int i = 0; i < 5; ++i) w[i] = a[i];
+        unsigned q[4];
+        const float d = mvs_block_a2<4>(p, q);
         int s = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // byte j: element j (low nibble), 16 + j (high)
-            const unsigned q = __funnelshift_rc(w[i], w[i + 1], sh);
-            s = __dp4a((int)(q & 0x0f0f0f0fu), x.q[i], s);
-            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), x.q[4 + i], s);
+            s = __dp4a((int)(q[i] & 0x0f0f0f0fu), x.q[i], s);
+            s = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), x.q[4 + i], s);
         }
-        const float d = h2f((u16)(__funnelshift_rc(w[0], w[1], sh - 16u) & 0xffffu));
         return fmaf(d, fmaf(x.d, (float)s, -8.0f * x.dsum), acc);  // sum (q - 8) x
     }
 };
 template <> struct MVS<QQ8_0> {  // 34-byte blocks (2-aligned): F16 scale, then 32 int8 quants in order
     static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
-        const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
-        const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
-        unsigned w[9];
-#pragma unroll
-        for (int i = 0; i < 9; ++i) w[i] = a[i];
+        unsigned q[8];
+        const float d = mvs_block_a2<8>(p, q);
         int s = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = __dp4a((int)__funnelshift_rc(w[i], w[i + 1], sh), x.q[i], s);
-        const float d = h2f((u16)(__funnelshift_rc(w[0], w[1], sh - 16u) & 0xffffu));
+        for (int i = 0; i < 8; ++i) s = __dp4a((int)q[i], x.q[i], s);
         return fmaf(d * x.d, (float)s, acc);
     }
 };
@@ -966,16 +981,6 @@ template <> struct MVS<QQ4_1> {
         return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)s, acc));  // d q + m
     }
 };
-// 8 words from the 2-aligned p (4-byte aligned reads realigned by funnel shifts).
-__device__ __forceinline__ void mvs_words8_a2(const u8* p, unsigned* w) {
-    const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
-    const unsigned sh = 8u * ((unsigned)(unsigned long long)p & 3u);
-    unsigned r[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) r[i] = a[i];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
-}
 // Q6_K (210-byte blocks of 256, 2-aligned): item `sub` is elements 32 sub .. + 31, i.e. quarter q of
 // half h: low 4 bits in ql[64 h + 32 (q & 1) + l] (high nibble for q >= 2), high 2 bits at
 // qh[32 h + l] >> 2q, value d * scale * (q6 - 32) with int8 scales[8 h + 2 q + (l >= 16)].
@@ -983,8 +988,8 @@ template <> struct MVS<QQ6_K> {
     static __device__ __forceinline__ float dot(const u8* p, int sub, const XB& x, float acc) {
         const int h = sub >> 2, q = sub & 3;
         unsigned lo[8], hi[8];
-        mvs_words8_a2(p + 64 * h + 32 * (q & 1), lo);
-        mvs_words8_a2(p + 128 + 32 * h, hi);
+        mvs_words_a2<8>(p + 64 * h + 32 * (q & 1), lo);
+        mvs_words_a2<8>(p + 128 + 32 * h, hi);
         const unsigned ns = 4u * (unsigned)(q >> 1), hs = 2u * (unsigned)q;
         int s0 = 0, s1 = 0, x0 = 0, x1 = 0;  // x0, x1: the halves' sums of the int8 activations (the -32)
 #pragma unroll
@@ -1220,6 +1225,9 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
 #define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
+// without the _norm builds (blocks.STREAM_NORM_TYPES)
+#define GG_QUANT_VECS_PLAIN(Q, S) GG_QUANT_VECS_RN(Q, S, 4, false, ) GG_QUANT_VECS_RN(Q, S, 8, false, ) \
+    GG_QUANT_VECS_RN(Q, S, 16, false, )
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
 // Up to QUANT_SIB_MAX products W_j · x of one F32 row, all of one block type, in one launch: the
@@ -1344,6 +1352,6 @@ GG_QUANT_QX(QQ4_1, q4_1)
 GG_QUANT_VECS(QQ8_0, q8_0)
 GG_QUANT_VECS(QQ4_0, q4_0)
 GG_QUANT_VECS(QQ4_1, q4_1)
-GG_QUANT_VECS(QQ6_K, q6_k)
+GG_QUANT_VECS_PLAIN(QQ6_K, q6_k)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
