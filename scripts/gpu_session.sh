@@ -15,7 +15,8 @@
 #                                       and llama.cpp side by side
 #   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
 #   bash scripts/gpu_session.sh twin    a whole decode token replayed on 4-layer llama-3-8B-dims twins
-#                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"), by the trees in TREES (this
+#                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"; TWIN_HEAD=q6_k:
+#                                       the head as llama-quantize's Q4_0 files have it), by the trees in TREES (this
 #                                       one, .ab/old if carried: git archive OLD gg | tar -x -C .ab/old);
 #                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
 #                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches;
@@ -98,21 +99,22 @@ twin)
     [ -f $T-F16.gguf ] || python3 .anchors/gen_gguf.py --dims $TWIN_DIMS --layers $TWIN_LAYERS --out $T-F16.gguf \
         --tok .anchors/smol_tok_meta.json > /dev/null
     for q in ${TWIN:-q4_0 q8_0}; do
-        [ -f $T-$q.gguf ] || python3 scripts/quant_twin.py $T-F16.gguf $T-$q.gguf $q > /dev/null
+        H=${TWIN_HEAD:+-$TWIN_HEAD}  # TWIN_HEAD=q6_k: output.weight of that type (llama-quantize's Q4_0 files)
+        [ -f $T-$q$H.gguf ] || python3 scripts/quant_twin.py $T-F16.gguf $T-$q$H.gguf $q ${TWIN_HEAD:-} > /dev/null
         for tree in ${TREES:-. .ab/old .}; do  # this tree twice: the spread of two runs
-            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $T-$q.gguf \
+            [ -d $tree/gg ] && echo "$tree: $(PYTHONPATH=$tree:$PYTHONPATH python3 scripts/model_steps.py $T-$q$H.gguf \
                 $( [ -n "${STEPS:-}" ] || echo --total ) | tail -${STEPS:+30}${STEPS:-1})"
         done
         if [ -n "${TRACE:-}" ]; then  # TRACE=1: per-kernel durations and gaps inside the replay (scripts/trace_steps.py)
             for flags in "" ${TRACE_FLAGS:-}; do
-                python3 scripts/model_steps.py $T-$q.gguf --total --trace /tmp/tr.json $flags > /tmp/tr.log 2>&1
+                python3 scripts/model_steps.py $T-$q$H.gguf --total --trace /tmp/tr.json $flags > /tmp/tr.log 2>&1
                 N=$(grep -o "[0-9]* steps" /tmp/tr.log | head -1 | cut -d' ' -f1)
                 echo "trace [$flags] $q: $(tail -1 /tmp/tr.log)"
                 python3 scripts/trace_steps.py /tmp/tr.json ${N:-0} > "$OUT/trace_${q}${flags// /}.txt" 2>&1; tail -1 "$OUT/trace_${q}${flags// /}.txt"
             done
         fi
         IFS=';'; for flags in ${FLAGS:-}; do unset IFS  # this tree with model_steps.py switches: FLAGS="--no-stream;--no-epilogue"
-            echo "[$flags]: $(python3 scripts/model_steps.py $T-$q.gguf --total $flags | tail -1)"
+            echo "[$flags]: $(python3 scripts/model_steps.py $T-$q$H.gguf --total $flags | tail -1)"
         done
     done 2>&1 | tee "$OUT/twin.log"
     ;;

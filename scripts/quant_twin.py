@@ -5,7 +5,10 @@ gen_gguf.py output) replaced by random blocks of one quantized type with small f
 timing of gg's quantized kernels in a whole model when llama-quantize is not built (its files
 are what bench_models compares with llama.cpp).
 
-    python3 scripts/quant_twin.py IN-F16.gguf OUT.gguf q4_0|q4_1|q8_0
+    python3 scripts/quant_twin.py IN-F16.gguf OUT.gguf q4_0|q4_1|q8_0 [q6_k]
+
+A fourth argument gives output.weight that type instead, as llama-quantize does for its Q4_0 /
+Q4_1 files (a Q6_K head: random 6-bit values, int8 scales 1..8, d 2^-8).
 """
 from __future__ import annotations
 
@@ -15,13 +18,17 @@ import numpy as np
 
 import gguf
 
-SCALES = {"q8_0": ((0, 2.0 ** -8),), "q4_0": ((0, 2.0 ** -8),), "q4_1": ((0, 2.0 ** -8), (2, -2.0 ** -5))}
+SCALES = {"q8_0": ((0, 2.0 ** -8),), "q4_0": ((0, 2.0 ** -8),), "q4_1": ((0, 2.0 ** -8), (2, -2.0 ** -5)),
+          "q6_k": ((208, 2.0 ** -8),)}
+INT8_SCALES = {"q6_k": (192, 16)}  # (offset, count) of int8 sub-block scales, drawn from 1..8
 
 
 def main() -> int:
     src, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-    qt = gguf.GGMLQuantizationType[kind.upper()]
-    bsize, tsize = gguf.GGML_QUANT_SIZES[qt]
+    head = sys.argv[4] if len(sys.argv) > 4 else kind
+
+    def kind_of(name: str) -> str:
+        return head if name == "output.weight" else kind
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(out, "llama")
     for key, field in r.fields.items():
@@ -38,6 +45,8 @@ def main() -> int:
     for t in r.tensors:
         shape = tuple(int(n) for n in reversed(t.shape))  # numpy order: rows first
         if t.tensor_type == gguf.GGMLQuantizationType.F16 and len(shape) == 2:
+            qt = gguf.GGMLQuantizationType[kind_of(t.name).upper()]
+            bsize, tsize = gguf.GGML_QUANT_SIZES[qt]
             nbytes = shape[0] * shape[1] // bsize * tsize
             w.add_tensor_info(t.name, (shape[0], shape[1] // bsize * tsize), np.dtype(np.uint8), nbytes, raw_dtype=qt)
             plan.append((t, shape))
@@ -51,13 +60,18 @@ def main() -> int:
         if shape is None:
             w.write_tensor_data(np.asarray(t.data))
             continue
+        k = kind_of(t.name)
+        bsize, tsize = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[k.upper()]]
         n = shape[0] * shape[1] // bsize
         raw = rng.integers(0, 256, (n, tsize), dtype=np.uint8)
-        for off, v in SCALES[kind]:
+        for off, v in SCALES[k]:
             raw[:, off:off + 2] = np.full(n, v, np.float16).view(np.uint8).reshape(n, 2)
+        if k in INT8_SCALES:
+            off, count = INT8_SCALES[k]
+            raw[:, off:off + count] = rng.integers(1, 9, (n, count), dtype=np.uint8)
         w.write_tensor_data(raw.reshape(shape[0], -1))
     w.close()
-    print(f"wrote {out}: {len(plan)} tensors, matrices as {kind}")
+    print(f"wrote {out}: {len(plan)} tensors, matrices as {kind}, output.weight as {head}")
     return 0
 
 
