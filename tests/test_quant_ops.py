@@ -338,7 +338,7 @@ def _norm_case(rng, dt, rows, k):
 def _norm_kernel(w) -> str:
     """The normalizing one-product step's kernel: the streaming build's _norm variant where the
     weights stream (blocks.STREAM_NORM), else mul_mat_sibq_norm_*."""
-    if blocks.stream_norm(w.dtype) and blocks.streams(w):
+    if blocks.STREAM_NORM and blocks.streams(w):
         return blocks.vecs_name(w.dtype, blocks.vecs(w.dtype, w.ne[1], w.ne[0], norm=True).R, norm=True)
     return f"mul_mat_sibq_norm_{w.dtype.name}_f32{blocks.qx(w.dtype)}"
 
@@ -350,7 +350,7 @@ def test_norm_mul_mat_quantized_is_one_step(dt, rng, stream_norm, monkeypatch):
     y, _ = _norm_case(rng, dt, 6144, 4096)
     (s,) = gg.build_forward(y, backends=("cuda", "cpu")).plan.steps
     assert s.ops == ("rms_norm", "mul", "mul_mat") and s.kernel == _norm_kernel(y.src[0])
-    assert s.kernel.startswith("mul_mat_vecs") == (stream_norm and dt in blocks.STREAM_NORM_TYPES)
+    assert s.kernel.startswith("mul_mat_vecs") == (stream_norm and dt in blocks.STREAM_TYPES)
 
 
 def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
@@ -415,5 +415,5 @@ def test_streaming_launches_fit_their_kernels(rng, monkeypatch):
         graphs += [gg.build_forward(gg.add(gg.mul_mat(w, x), r), backends=("cuda",)),
                    gg.build_forward(gg.mul_mat(w, x), backends=("cuda",))]
     rt, records = _lowered(graphs)
-    assert all(rec.name.startswith("mul_mat_vecs") for rec in records) and len(records) == 4
+    assert all(rec.name.startswith("mul_mat_vecs") for rec in records) and len(records) == 2 * len(blocks.STREAM_TYPES)
     assert not [m for rec in records if (m := mismatch(rt, rec))]

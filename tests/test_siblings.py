@@ -347,7 +347,7 @@ def act_symbol(out, act: str, norm: bool) -> str:
     streaming build for the types it has (with or without the norm), else mul_mat_sibq_*."""
     from gg.backends.cuda.families import blocks
     gate = out.src[0].src[0].src[0]
-    if blocks.streams(gate) and (blocks.stream_norm(gate.dtype) or not norm):
+    if blocks.streams(gate) and (blocks.STREAM_NORM or not norm):
         return blocks.sibs_symbol(gate, act, norm)
     return f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{gate.dtype.name}_f32{blocks.qx(gate.dtype)}"
 
@@ -388,7 +388,7 @@ def test_quant_big_ffn_norm(rng, dt, stream_norm, monkeypatch):
     (y,), _ = quant_siblings(rng, [dt] * 2, 4096, (1792, 1792), act="silu")
     (step,) = gg.build_forward(y, backends=CUDA).plan.steps
     assert step.ops == ("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")
-    if stream_norm and dt in family.blocks.STREAM_NORM_TYPES:
+    if stream_norm and dt in family.blocks.STREAM_TYPES:
         assert step.kernel == act_symbol(y, "silu", norm=True) and step.kernel.startswith("mul_mat_sibs")
     else:
         assert step.kernel == f"mul_mat_sibq_norm_silu_{dt.name}_f32{family.blocks.qx(dt)}"
@@ -485,12 +485,11 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
             (one,), _ = quant_siblings(rng, [dt], 512, (96,))  # matmul's normalizing mat-vec, quantized
             graphs.append(gg.build_forward(one, backends=("cuda",)))
             suffix = "_qx" if qx and dt in blocks.QX_TYPES else ""
-            want = (blocks.vecs_name(dt, blocks.vecs(dt, 96, 512, norm=True).R, norm=True)
-                    if blocks.streams(one.src[0]) and blocks.stream_norm(dt)
+            want = (blocks.vecs_name(dt, blocks.vecs(dt, 96, 512, norm=True).R, norm=True) if blocks.streams(one.src[0])
                     else f"mul_mat_sibq_norm_{dt.name}_f32{suffix}")
             assert graphs[-1].plan.steps[0].kernel == want
     rt, records = _lowered(graphs)
     names = {r.name for r in records}
-    assert len(names) == 30 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
+    assert len(names) == 32 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
     assert {"mul_mat_vecs4_norm_q4_0_f32_qx", "mul_mat_sibs4_norm_silu_q4_1_f32_qx"} <= names
     assert not [m for r in records if (m := mismatch(rt, r))]

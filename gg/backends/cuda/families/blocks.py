@@ -64,10 +64,6 @@ STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests o
 # stacked QKV step went from 15.0 to 9.7 us; under the byte limit only the QKV takes it, and the
 # token is faster (docs/performance.md, twelfth session). False: mul_mat_sibq_norm_* instead.
 STREAM_NORM = True
-# Q6_K's normalizing builds are not compiled: with K parts two of their GPU tests (fused against
-# unfused, K = 8448) failed in the session that added Q6_K streaming, not yet diagnosed (a rounding
-# flip on its heavy-tailed weights past the 1e-7 bound is the suspect; docs/performance.md).
-STREAM_NORM_TYPES = (Q8_0, Q4_0, Q4_1)
 MVS_THREADS = 128
 MVS_SLOTS = 8
 MVS_ROWS = (16, 8, 4)
@@ -206,11 +202,6 @@ class Vecs:
         return (self.row_blocks * self.parts, 1, 1), (MVS_THREADS, 1, 1), smem
 
 
-def stream_norm(dtype: DType) -> bool:
-    """The streaming build of `dtype` may normalize x on the way in (STREAM_NORM, STREAM_NORM_TYPES)."""
-    return STREAM_NORM and dtype in STREAM_NORM_TYPES
-
-
 def items_per_block(dtype: DType) -> int:
     """A streaming thread's items (32 elements, one int8 activation block) per quant block."""
     return dtype.block_size // 32
@@ -265,10 +256,9 @@ def variants() -> list[Variant]:
     for t in TYPES:
         v += [Variant("quant.cu", f"mul_mat_vec_{t.name}_f32"), Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32")]
     v += [Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32_qx") for t in QX_TYPES]
-    norms = {t: (False, True) if t in STREAM_NORM_TYPES else (False,) for t in STREAM_TYPES}
-    v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in norms[t]]
+    v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in (False, True)]
     v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in STREAM_TYPES for r in MVS_ROWS
-          for act in ("silu", "gelu") for norm in norms[t]]
+          for act in ("silu", "gelu") for norm in (False, True)]
     return v
 
 

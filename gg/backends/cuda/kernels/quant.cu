@@ -1225,9 +1225,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
 #define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
-// without the _norm builds (blocks.STREAM_NORM_TYPES)
-#define GG_QUANT_VECS_PLAIN(Q, S) GG_QUANT_VECS_RN(Q, S, 4, false, ) GG_QUANT_VECS_RN(Q, S, 8, false, ) \
-    GG_QUANT_VECS_RN(Q, S, 16, false, )
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
 // Up to QUANT_SIB_MAX products W_j · x of one F32 row, all of one block type, in one launch: the
@@ -1352,6 +1349,6 @@ GG_QUANT_QX(QQ4_1, q4_1)
 GG_QUANT_VECS(QQ8_0, q8_0)
 GG_QUANT_VECS(QQ4_0, q4_0)
 GG_QUANT_VECS(QQ4_1, q4_1)
-GG_QUANT_VECS_PLAIN(QQ6_K, q6_k)
+GG_QUANT_VECS(QQ6_K, q6_k)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
