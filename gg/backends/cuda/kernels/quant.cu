@@ -844,7 +844,8 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
 //   eighth of a Q6_K block) of every chunk (QUANT_MVS_THREADS items of K) of all R rows of its
 //   thread block: it quantizes those 32 activations to int8 in registers once (ggml's q8:
 //   d = amax / 127), and each of its R rows costs the item's words from shared memory, 8 __dp4a
-//   and two multiplies (Q6_K: 16 __dp4a, its 6-bit values assembled from two runs of words). No shuffles, no shared memory for the activations.
+//   and two multiplies (Q6_K: its 6-bit values assembled from two runs of words, 16 __dp4a). No
+//   shuffles, no shared memory for the activations.
 // * Chunks of all R rows are copied global -> shared with 16-byte cp.async one chunk ahead of the
 //   one being multiplied (two stages, dynamic shared memory; one when K is one chunk): a K = 4096
 //   row group is requested whole before anything else happens. A row's copy starts at the 16-byte
