@@ -156,6 +156,24 @@ def test_streaming_matvec_cuts_long_rows(rows, k, parts, per, R, monkeypatch):
     assert g.plan.steps[-1].choice.vecs == v and g.plan.steps[-1].choice.scratch == v.scratch
 
 
+@pytest.mark.parametrize("rows,k,parts,per,tpr,slots,pitch", [(49152, 4096, 1, 16, 128, 1, 3376),
+                                                              (4096, 14336, 4, 14, 112, 1, 2960),
+                                                              (19, 4352, 2, 9, 72, 1, 1920),
+                                                              (900, 512, 1, 2, 16, 8, 448)])
+def test_streaming_q6_k_geometry(rows, k, parts, per, tpr, slots, pitch, monkeypatch):
+    """Q6_K streams in items of 32 elements, 8 a 210-byte block: a chunk of MVS_THREADS items is 16
+    blocks of a row (3360 bytes, staged at a 16-byte pitch with room to realign), parts count
+    items, and a short row (K = 512: 16 items) puts 8 row groups side by side."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    assert blocks.items_per_block(gg.Q6_K) == 8 and blocks.items_per_block(gg.Q8_0) == 1
+    w = gg.new_tensor(gg.Q6_K, (k, rows))
+    name, v = blocks.matvec1(w)
+    assert name == f"mul_mat_vecs{v.R}_q6_k_f32_qx"
+    assert (v.parts, v.per, v.tpr, v.slots) == (parts, per, tpr, slots)
+    _, _, smem = v.launch(gg.Q6_K)
+    assert smem == max(v.slots * v.R * pitch, 4 * v.R * blocks.MVS_THREADS if slots > 1 else 0)
+
+
 STREAM_CASES = [(40, 32, 0, 0, False), (17, 4128, 3, 1, True), (50, 14336, 1, 0, True), (33, 576, 2, 3, False),
                 (300, 4096, 0, 0, True), (4500, 4096, 1, 0, True), (3000, 4096, 0, 1, False),
                 (9000, 160, 0, 0, False), (33, 768, 1, 3, True), (19, 4352, 0, 1, True)]
