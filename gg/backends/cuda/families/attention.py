@@ -35,9 +35,10 @@ COMBINE_THREADS, COMBINE_OUT = 128, 32
 FUSE_MAX = 16             # chunks per row the in-kernel combine can take (kernels/attn.cu FA_FUSE_SPLITS)
 FUSE_SPLITS = FUSE_MAX    # fast builds with at most this many chunks per row combine in their last block
 BLOCKS_PER_SM = 4
+O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_CHUNK": FAST_CHUNK, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
-                       "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX,
+                       "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
                        "GG_FOR_FA_FAST(X, ...)": " ".join(f"X({nh}, {hd}, __VA_ARGS__)"
                                                           for nh, hd in product(HEADS, FAST_HD))}}
 
@@ -117,12 +118,12 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
         fused = fast_splits <= FUSE_SPLITS
         groups = kqv.ne[2] // nh * q.ne[1] * kqv.ne[3]  # the grid's y * z: one counter each
         return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}" + ("_vpos" if v_pos else ""), True,
-                           nh, FAST_CHUNK, v_pos, fused, scratch=4 * rows * fast_splits * (2 + hd) + 16,
+                           nh, FAST_CHUNK, v_pos, fused, scratch=4 * rows * fast_splits * (2 + hd) + O_ALIGN,
                            table=4 * groups if fused else 0)
     fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
     return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, v_pos,
-                       scratch=4 * rows * most * (2 + hd) + 16)
+                       scratch=4 * rows * most * (2 + hd) + O_ALIGN)
 
 
 def lower(rt, step, kern: FlashKernel, what: str) -> list:

@@ -36,7 +36,7 @@
 
 // FA_THREADS, FA_CHUNK (positions per block of the fast builds), FA_MAX_CHUNK, FA_MAX_HD,
 // FA_MAX_SPLITS (chunks per row: flash_combine keeps their weights), FC_THREADS, FC_OUT,
-// FA_FUSE_SPLITS (chunks per row the last block combines) and the
+// FA_FUSE_SPLITS (chunks per row the last block combines), FA_O_ALIGN (the workspace o's alignment) and the
 // fast builds' list GG_FOR_FA_FAST come from the host (families/attention.py, as -D).
 #define FA_WARPS (FA_THREADS / 32)
 #define FA_BATCH 16        // chunk results a flash_combine thread loads at once
@@ -100,9 +100,14 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
 template <class TK, int NH, int HD>
 __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt, char* smem);
 
-// Where the workspace's o (per row and chunk) starts, after the (m, l) pairs: 16-byte aligned so a
-// head group's o can be copied with 16-byte cp.async (the host's scratch has 16 bytes to spare).
-__device__ __forceinline__ i64 fa_o_base(i64 R, int S) { return (2 * R * S + 3) & ~(i64)3; }
+// Where the workspace's o (per row and chunk) starts, after the (m, l) pairs: FA_O_ALIGN-byte
+// aligned so a head group's o can be copied with 16-byte cp.async (the host's scratch has
+// FA_O_ALIGN bytes to spare).
+__device__ __forceinline__ i64 fa_o_base(i64 R, int S) {
+    constexpr i64 A = FA_O_ALIGN / 4;  // floats
+    static_assert(FA_O_ALIGN % 16 == 0, "cp.async copies 16 bytes");
+    return (2 * R * S + A - 1) & ~(A - 1);
+}
 
 template <class TK, int NH, int HD, bool VP>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,

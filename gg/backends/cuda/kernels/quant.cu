@@ -1010,17 +1010,17 @@ template <> struct MVS<QQ6_K> {
 
 // The rows a block of the streaming mat-vec takes. A row of K is cut into `parts` parts (the
 // blocks of one row block side by side: blockIdx.x = row block * parts + part) of `per` quant
-// blocks; a part keeps tpr = min(NT, per) threads busy per row group; slots = NT / tpr groups of R
+// blocks; a part keeps tpr = min(NT, per * IPB) threads busy per row group; slots = NT / tpr groups of R
 // rows side by side (short rows: K = 576 is 18 blocks, 7 groups of R rows a block); the host
 // derives the same (blocks.Vecs). ACT (the sibling SwiGLU / GeGLU step): the block's rows are `no`
 // rows of the gate (w) and the same rows of up (w2, rows as far apart).
 template <class Q, int R, int ACT>
 struct MvsRows {
+    static constexpr int IPB = Q::QK / 32;  // a thread's items (32 elements) per quant block: 8 for Q6_K
     int part, nblk, tpr, slots, no, nr, kb0;  // nblk: this part's quant blocks from kb0; no: output rows, nr: weight rows
     i64 rb, r0, nb1, up;
     const char* wb;
     __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K, int parts) {
-        constexpr int IPB = Q::QK / 32;  // a thread's items (32 elements) per quant block
         const int all = K / Q::QK, per = (all + parts - 1) / parts;
         rb = (i64)(blockIdx.x / (unsigned)parts);
         part = (int)(blockIdx.x - (unsigned)rb * (unsigned)parts);
@@ -1067,7 +1067,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     if (g.no == 0) return;
     const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
     const i64 r0 = g.r0;
-    constexpr int IPB = Q::QK / 32;  // items (a thread's 32 elements) per quant block: 8 for Q6_K
+    constexpr int IPB = MvsRows<Q, R, ACT>::IPB;
     const int items = nblk * IPB, nchunks = (items + tpr - 1) / tpr;
     const i64 wrows = ACT != MV_ACT_NONE ? 2 * n_rows : n_rows;
     const i64 stride = wrows + (NORM ? 1 : 0);  // of the partial sums, a part's (NORM: then its sum(x^2))
