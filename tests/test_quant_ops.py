@@ -371,11 +371,13 @@ def test_norm_mul_mat_quantized_is_one_step(dt, rng, stream_norm, monkeypatch):
     assert s.kernel.startswith("mul_mat_vecs") == (stream_norm and dt in blocks.STREAM_TYPES)
 
 
-def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(rng):
+@pytest.mark.parametrize("dt", TYPES)
+def test_norm_mul_mat_quantized_big_keeps_the_norm_a_step(dt):
     """Rows enough that every block re-reading the norm's weight costs more than the norm's step
-    (Q4_K: mul_mat_sibq_norm's blocks of 4 rows; a streaming type's 16-row blocks would need
-    more than 24576 rows)."""
-    y, _ = _norm_case(rng, gg.Q4_K, 14336, 4096)
+    (the streaming build's blocks of 16 rows of K = 4096: more than 24576 rows; planning only)."""
+    ctx = gg.Context()
+    w, x, nw = ctx.new_tensor(dt, (4096, 32768)), ctx.new_tensor(gg.F32, (4096,)), ctx.new_tensor(gg.F32, (4096,))
+    y = gg.mul_mat(w, gg.mul(gg.rms_norm(x, 1e-5), nw))
     steps = gg.build_forward(y, backends=("cuda", "cpu")).plan.steps
     assert [s.ops for s in steps] == [("rms_norm", "mul"), ("mul_mat",)]
 

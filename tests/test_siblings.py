@@ -490,6 +490,6 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
             assert graphs[-1].plan.steps[0].kernel == want
     rt, records = _lowered(graphs)
     names = {r.name for r in records}
-    assert len(names) == 32 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
+    assert len(names) == 33 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
     assert {"mul_mat_vecs4_norm_q4_0_f32_qx", "mul_mat_sibs4_norm_silu_q4_1_f32_qx"} <= names
     assert not [m for r in records if (m := mismatch(rt, r))]

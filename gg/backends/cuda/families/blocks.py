@@ -51,9 +51,9 @@ QUANT_ACTIVATIONS = True
 # than MVS_THREADS blocks put up to MVS_SLOTS groups of R rows side by side. R is the largest of
 # MVS_ROWS that still gives MVS_MIN_BLOCKS blocks (two per SM of an H100: fewer leave too little
 # in flight), else the smallest.
-STREAM_TYPES = (Q8_0, Q4_0, Q4_1, Q6_K)  # int8 activations for all (Q8_0 and Q6_K as ggml's mmvq
-# does; their mul_mat_vec1 and sibling builds keep F32 activations). A thread's item is 32 elements:
-# a Q6_K block of 256 is 8 items (items_per_block), each thread reading its quarter-half's bits.
+STREAM_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)  # int8 activations for all (Q8_0 and the K-quants as
+# ggml's mmvq does; their mul_mat_vec1 and sibling builds keep F32 activations). A thread's item is
+# 32 elements: a K-quant block of 256 is 8 items (items_per_block), each thread reading its bits.
 STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
 # The streaming builds can normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
 # product such as a stacked QKV or a model's head): each thread quantizes x * w of its 32-block
@@ -118,7 +118,7 @@ def streams(a: Tensor) -> bool:
     """The streaming mat-vec reads these weights: a type it has, rows at the alignment its word
     reads need (Q4_1's 20-byte blocks 4-aligned, Q4_0's 18-byte ones 2-aligned), a matrix of at
     least MVS_MIN_ELEMENTS."""
-    align = 4 if a.dtype is Q4_1 else 2  # Q8_0 34, Q6_K 210: 2
+    align = 4 if a.dtype is Q4_1 else 2  # Q8_0 34, Q4_K 144, Q6_K 210: 2
     return (STREAM_MATVEC and QUANT_ACTIVATIONS and a.dtype in STREAM_TYPES and a.nb[1] % align == 0
             and a.view_offs % align == 0 and a.ne[0] * a.ne[1] >= MVS_MIN_ELEMENTS)
 

@@ -982,6 +982,29 @@ template <> struct MVS<QQ4_1> {
         return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)s, acc));  // d q + m
     }
 };
+// Q4_K (144-byte blocks of 256, 2-aligned in a stage): item `sub` has a 6-bit scale and min (packed
+// as QQ4_K::unit reads them) and its 4-bit values in the low (even sub) or high (odd) nibbles of
+// qs[32 (sub / 2) ..]: x = d scale q - dmin min, so sum x_w x = d scale d_x sum q q_x - dmin min sum x.
+template <> struct MVS<QQ4_K> {
+    static __device__ __forceinline__ float dot(const u8* p, int sub, const XB& x, float acc) {
+        unsigned q[8];
+        mvs_words_a2<8>(p + 16 + 32 * (sub >> 1), q);
+        const unsigned ns = 4u * (unsigned)(sub & 1);
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = __dp4a((int)((q[i] >> ns) & 0x0f0f0f0fu), x.q[i], s);
+        const u8* sc = p + 4;
+        unsigned scale, mn;
+        if (sub < 4) {
+            scale = sc[sub] & 63u;
+            mn = sc[sub + 4] & 63u;
+        } else {
+            scale = (sc[sub + 4] & 15u) | ((unsigned)(sc[sub - 4] >> 6) << 4);
+            mn = (unsigned)(sc[sub + 4] >> 4) | ((unsigned)(sc[sub] >> 6) << 4);
+        }
+        return fmaf(sm_half(p) * (float)scale * x.d, (float)s, fmaf(-sm_half(p + 2) * (float)mn, x.sum, acc));
+    }
+};
 // Q6_K (210-byte blocks of 256, 2-aligned): item `sub` is elements 32 sub .. + 31, i.e. quarter q of
 // half h: low 4 bits in ql[64 h + 32 (q & 1) + l] (high nibble for q >= 2), high 2 bits at
 // qh[32 h + l] >> 2q, value d * scale * (q6 - 32) with int8 scales[8 h + 2 q + (l >= 16)].
@@ -1350,6 +1373,7 @@ GG_QUANT_QX(QQ4_1, q4_1)
 GG_QUANT_VECS(QQ8_0, q8_0)
 GG_QUANT_VECS(QQ4_0, q4_0)
 GG_QUANT_VECS(QQ4_1, q4_1)
+GG_QUANT_VECS(QQ4_K, q4_k)
 GG_QUANT_VECS(QQ6_K, q6_k)
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
