@@ -5,7 +5,8 @@
 #                                       carried: the anchors kit), then every cuda and compile_all
 #                                       test (TESTS="files / pytest options": some), the layer split on
 #                                       two logical devices and the HF parity tests (transformers;
-#                                       TESTS_ONLY=1: not these two)
+#                                       TESTS_ONLY=1: not these two); PAR="files|files": groups run
+#                                       as concurrent pytest processes
 #   bash scripts/gpu_session.sh checks  RERUN="tests..." reruns cuda tests, memcheck on the newest
 #                                       suites (SAN_TESTS), the fuzzer (GG_FUZZ_EXAMPLES, default 1000;
 #                                       FUZZ_TIMEOUT)
@@ -45,7 +46,15 @@ build_llamacpp() {  # in the background: llama-bench and llama-quantize (~4.5 mi
 case "${1:-}" in
 tests)
     build_llamacpp
-    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider ${TESTS:-tests/} 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
+    if [ -n "${PAR:-}" ]; then  # PAR="files|files|...": those groups as concurrent pytest processes (one GPU, 16 cores)
+        IFS='|' read -ra groups <<< "$PAR"; i=0
+        for g in "${groups[@]}"; do i=$((i+1))
+            timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider $g > "$OUT/pytest_cuda_$i.log" 2>&1 &
+        done; wait
+        for j in $(seq 1 $i); do echo "group $j: $(tail -1 "$OUT/pytest_cuda_$j.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda_$j.log" | head -20; done
+    else
+        timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider ${TESTS:-tests/} 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
+    fi
     [ -n "${TESTS_ONLY:-}" ] && exit 0
     GG_CUDA_DEVICES=0,0 timeout 60 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -3 | tee "$OUT/pytest_devices.log"
     timeout 90 python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
