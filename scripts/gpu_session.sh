@@ -8,7 +8,7 @@
 #                                       TESTS_ONLY=1: not these two); PAR="files|files": groups run
 #                                       as concurrent pytest processes
 #   bash scripts/gpu_session.sh checks  RERUN="tests..." reruns cuda tests, memcheck on the newest
-#                                       suites (SAN_TESTS), the fuzzer (GG_FUZZ_EXAMPLES, default 1000;
+#                                       suites (SAN_TESTS, SAN_K: a -k expression), the fuzzer (GG_FUZZ_EXAMPLES, default 1000;
 #                                       FUZZ_TIMEOUT)
 #   bash scripts/gpu_session.sh bench   bench_forms, bench_split (two logical devices), memcheck of
 #                                       SAN_TESTS if given
@@ -21,11 +21,13 @@
 #                                       one, .ab/old if carried: git archive OLD gg | tar -x -C .ab/old);
 #                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
 #                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches;
-#                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS: also with those)
+#                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS: also with those);
+#                                       AFTER_PREP=1: first wait (up to 4 min) for a `prep` of the same call
 #   bash scripts/gpu_session.sh prep    the twin mode in the background (files, compiled kernels), to warm up
 #                                       while the same call runs tests
 #   bash scripts/gpu_session.sh ncu     Nsight Compute sections (speed of light, occupancy, warp states,
-#                                       memory) of one decode token's kernels on a twin (TWIN=, TWIN_DIMS=, NCU_K=)
+#                                       memory) of one decode token's kernels on a twin (TWIN=, TWIN_DIMS=, NCU_K=;
+#                                       NCU_METRICS: more metrics, e.g. the stall reasons)
 # NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
 set -u
 cd "$(dirname "$0")/.."
@@ -64,7 +66,7 @@ checks)
     [ -z "${RERUN:-}" ] || timeout ${RERUN_TIMEOUT:-120} python3 -m pytest -m cuda -q -p no:cacheprovider $RERUN 2>&1 | tail -3 | tee "$OUT/pytest_rerun.log"
     if [ -z "${NO_SAN:-}" ]; then
         GG_CUDA_DEVICES=0,0 timeout ${SAN_TIMEOUT:-240} "$SAN" --tool memcheck --leak-check no --error-exitcode 99 --log-file "$OUT/memcheck.log" \
-            python3 -m pytest -m cuda -q -p no:cacheprovider ${SAN_TESTS:-tests/test_siblings.py tests/test_sibling_epilogue.py \
+            python3 -m pytest -m cuda -q -p no:cacheprovider ${SAN_K:+-k "$SAN_K"} ${SAN_TESTS:-tests/test_siblings.py tests/test_sibling_epilogue.py \
             tests/test_elide.py tests/test_epilogue.py tests/test_devices.py} > "$OUT/memcheck_pytest.log" 2>&1
         echo "memcheck exit $? (0: clean)"; tail -2 "$OUT/memcheck_pytest.log"
     fi
@@ -103,6 +105,7 @@ models)
         $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
     ;;
 twin)
+    [ -z "${AFTER_PREP:-}" ] || for _ in $(seq 1 120); do [ -f /tmp/prep_done ] && break; sleep 2; done
     mkdir -p $W
     T=$W/${TWIN_DIMS:=8b}${TWIN_LAYERS:=4}  # TWIN_DIMS=smol TWIN_LAYERS=30: SmolLM2-135M dims
     [ -f $T-F16.gguf ] || python3 .anchors/gen_gguf.py --dims $TWIN_DIMS --layers $TWIN_LAYERS --out $T-F16.gguf \
@@ -130,7 +133,7 @@ twin)
 prep)  # the twin mode (same TWIN, TREES, FLAGS) in the background, output discarded: twin files made and
     # every tree's kernels compiled into the disk cache while this call runs tests, so a twin call
     # right after measures at once
-    OUT=/tmp/prep setsid bash "$0" twin > /tmp/prep.log 2>&1 < /dev/null &
+    OUT=/tmp/prep setsid bash -c "bash '$0' twin; touch /tmp/prep_done" > /tmp/prep.log 2>&1 < /dev/null &
     echo "twin warming up in the background"
     ;;
 ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (NCU_K: a kernel-name regex)
@@ -141,7 +144,7 @@ ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (
     [ -f $T-$q.gguf ] || python3 scripts/quant_twin.py $T-F16.gguf $T-$q.gguf $q > /dev/null
     timeout ${NCU_TIMEOUT:-300} ncu --clock-control none --profile-from-start off -k "regex:${NCU_K:-.}" \
         --launch-count ${NCU_COUNT:-60} --section SpeedOfLight --section LaunchStats --section Occupancy \
-        --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details \
+        --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_METRICS:+--metrics "$NCU_METRICS"} --csv --page details \
         python3 scripts/ncu_model.py $T-$q.gguf > "$OUT/ncu_${TWIN_DIMS}_$q.csv" 2> "$OUT/ncu_err.log"
     echo "ncu exit $?: $(wc -l < "$OUT/ncu_${TWIN_DIMS}_$q.csv") lines"
     ;;

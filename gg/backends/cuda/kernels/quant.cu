@@ -863,6 +863,7 @@ static_assert(QUANT_MVS_THREADS % 32 == 0 && QUANT_MVS_THREADS * 18 % 16 == 0, "
 struct XB {
     int q[8];
     float d, dsum, sum;
+    int qlo, qhi;  // the int8 values' sums over elements 0-15 and 16-31 (Q6_K's -32 offset, per half)
 };
 
 // NORM (the rms_norm prologue, x * nw / rms(x)): v = x * nw is quantized instead, and ss gains sum(x^2);
@@ -902,18 +903,20 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool
     XB b;
     b.d = amax / 127.0f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int qs = 0;
+    int qs[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         int q[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             q[t] = __float2int_rn(v[4 * i + t] * id);
-            qs += q[t];
+            qs[i / 4] += q[t];
         }
         b.q[i] = (int)__byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
     }
-    b.dsum = b.d * (float)qs;
+    b.qlo = qs[0];
+    b.qhi = qs[1];
+    b.dsum = b.d * (float)(qs[0] + qs[1]);
     b.sum = sum;
     return b;
 }
@@ -926,8 +929,9 @@ template <class Q> struct MVS;
 // N words from the 2-aligned p (4-byte aligned reads realigned by funnel shifts; Q6_K's runs end
 // at least 4 bytes before its block does).
 template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsigned* w) {
-    const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
-    const unsigned sh = 8u * ((unsigned)(unsigned long long)p & 3u);
+    const unsigned lo = (unsigned)(unsigned long long)p & 3u;
+    const unsigned* a = (const unsigned*)(p - lo);  // pointer arithmetic: p's address space (shared) is kept
+    const unsigned sh = 8u * lo;
     unsigned r[N + 1];
 #pragma unroll
     for (int i = 0; i <= N; ++i) r[i] = a[i];
@@ -936,8 +940,9 @@ template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsig
 }
 // A 2-aligned block's N words of quants from byte 2 into q, its F16 scale (bytes 0-1) returned.
 template <int N> __device__ __forceinline__ float mvs_block_a2(const u8* p, unsigned* q) {
-    const unsigned* a = (const unsigned*)((unsigned long long)p & ~3ull);
-    const unsigned sh = 16u + 8u * ((unsigned)(unsigned long long)p & 3u);
+    const unsigned lo = (unsigned)(unsigned long long)p & 3u;
+    const unsigned* a = (const unsigned*)(p - lo);
+    const unsigned sh = 16u + 8u * lo;
     unsigned w[N + 1];
 #pragma unroll
     for (int i = 0; i <= N; ++i) w[i] = a[i];
@@ -1015,18 +1020,16 @@ template <> struct MVS<QQ6_K> {
         mvs_words_a2<8>(p + 64 * h + 32 * (q & 1), lo);
         mvs_words_a2<8>(p + 128 + 32 * h, hi);
         const unsigned ns = 4u * (unsigned)(q >> 1), hs = 2u * (unsigned)q;
-        int s0 = 0, s1 = 0, x0 = 0, x1 = 0;  // x0, x1: the halves' sums of the int8 activations (the -32)
+        int s0 = 0, s1 = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int a = (int)(((lo[i] >> ns) & 0x0f0f0f0fu) | (((hi[i] >> hs) & 0x03030303u) << 4));
             const int b = (int)(((lo[4 + i] >> ns) & 0x0f0f0f0fu) | (((hi[4 + i] >> hs) & 0x03030303u) << 4));
             s0 = __dp4a(a, x.q[i], s0);
             s1 = __dp4a(b, x.q[4 + i], s1);
-            x0 = __dp4a(0x01010101, x.q[i], x0);
-            x1 = __dp4a(0x01010101, x.q[4 + i], x1);
         }
-        const unsigned sc = *(const u16*)(p + 192 + 8 * h + 2 * q);
-        const int t = (int)(signed char)(sc & 0xffu) * (s0 - 32 * x0) + (int)(signed char)(sc >> 8) * (s1 - 32 * x1);
+        const unsigned sc = *(const u16*)(p + 192 + 8 * h + 2 * q);  // the halves' scales; x.qlo, x.qhi the -32's
+        const int t = (int)(signed char)(sc & 0xffu) * (s0 - 32 * x.qlo) + (int)(signed char)(sc >> 8) * (s1 - 32 * x.qhi);
         return fmaf(sm_half(p + 208) * x.d, (float)t, acc);
     }
 };
@@ -1086,6 +1089,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     __shared__ float ssw[NT / 32];
     __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
     __shared__ int last;
+    __shared__ unsigned char roff[QUANT_MVS_SLOTS * R];  // each weight row's offset from a 16-byte boundary
     const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K, parts);  // arithmetic only: nothing read yet
     if (g.no == 0) return;
     const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
@@ -1096,17 +1100,26 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const i64 stride = wrows + (NORM ? 1 : 0);  // of the partial sums, a part's (NORM: then its sum(x^2))
     const int slot = tid / tpr, item = tid - slot * tpr;
     const int cb = tpr / IPB * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
-    const int nv = rs / 16;
-    const float rnv = 1.0f / (float)nv;
+    // The copies: piece k (16 bytes) of row j for v = j * nv + k = tid, tid + NT, ..: (j, k) stepped
+    // without a division and the row's pointer worked out once a piece (that arithmetic, with a
+    // division per piece, had cost as many instructions as the products).
+    const int nv = rs / 16, dj = NT / nv, dk = NT - dj * nv;
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
         const int bytes = min(tpr, items - c * tpr) / IPB * Q::BYTES;
+        const i64 cco = (i64)c * cb;
+        int j = tid / nv, k = tid - j * nv;
 #pragma unroll 1
-        for (int v = tid; v < nr * nv; v += NT) {
-            const int j = fdiv(v, rnv), k = v - j * nv;
-            const char* p = g.row(j) + (i64)c * cb;
+        while (j < nr) {
+            const char* p = g.row(j) + cco;
             const int off = (int)((unsigned long long)p & 15u), have = off + bytes - 16 * k;
             if (have > 0) cp_async16(sb + j * rs + 16 * k, p - off + 16 * k, min(have, 16));
+            k += dk;
+            j += dj;
+            if (k >= nv) {
+                k -= nv;
+                ++j;
+            }
         }
         cp_async_commit();
     };
@@ -1118,6 +1131,9 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #pragma unroll
     for (int m = 0; m < R; ++m) acc[m] = 0.0f;
     const bool early = pdl & QUANT_MVS_EARLY, late = pdl & QUANT_MVS_LATE;
+    // the dot loop reads row j's offset from here instead of redoing its 64-bit address arithmetic
+    // (made visible by the loop's first __syncthreads)
+    for (int j = tid; j < nr; j += NT) roff[j] = (unsigned char)((unsigned long long)g.row(j) & 15u);
     if (early && nblk > 0) issue(0);
     gg_grid_wait();
     if (!late) gg_launch_dependents();
@@ -1138,13 +1154,11 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         __syncthreads();
         if (live) {
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item / IPB * Q::BYTES;
+            const unsigned cc = (unsigned)c * (unsigned)cb;  // chunk c of row j starts (roff[j] + cc) & 15 off
 #pragma unroll
             for (int m = 0; m < R; ++m) {
                 const int j = slot * R + m;
-                if (j < nr) {
-                    const unsigned off = (unsigned)((unsigned long long)(g.row(j) + (i64)c * cb) & 15u);
-                    acc[m] = MVS<Q>::dot(sb + j * rs + off, item % IPB, xb, acc[m]);
-                }
+                if (j < nr) acc[m] = MVS<Q>::dot(sb + j * rs + ((roff[j] + cc) & 15u), item % IPB, xb, acc[m]);
             }
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
