@@ -525,13 +525,53 @@ def _nvrtc_or_skip():
 @pytest.mark.compile_all
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_catalog_compiles_everything(arch, tmp_path, monkeypatch):
-    _nvrtc_or_skip()
+    compiler = _nvrtc_or_skip()
     monkeypatch.setenv("GG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler, "PTX", {})
     from gg.backends.cuda import catalog
     rows = catalog.compile_all(arch)
     assert len(rows) == len(catalog.variants()) > 50
     bad = [(name, err) for name, _, _, ok, err in rows if not ok]
     assert not bad, bad
+    # Loads and stores name their state space: a shared-memory pointer that went through an
+    # integer cast becomes generic, and the streaming mat-vec's dot ran 6% of a Q4_K_M token
+    # slower that way (docs/cuda.md).
+    assert compiler.PTX, "no PTX recorded: the catalog compiled nothing fresh"
+    generic = {name: lines[:3] for name, ptx in compiler.PTX.items() if (lines := generic_memory_ops(ptx))}
+    assert not generic, generic
+
+
+_SPACES = ("global", "shared", "local", "param", "const")
+
+
+def generic_memory_ops(ptx: str) -> list[str]:
+    """The ld/st instructions of a PTX text without a state space (generic addressing)."""
+    out = []
+    for line in ptx.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        ins = words[0]
+        if ins.startswith("@"):  # a predicate
+            ins = words[1] if len(words) > 1 else ""
+        parts = ins.split(".")
+        if parts[0] in ("ld", "st") and not any(q.startswith(_SPACES) for q in parts[1:]):
+            out.append(line.strip())
+    return out
+
+
+def test_generic_memory_ops_can_fail():
+    """The check above finds generic loads and stores, and only those."""
+    ptx = """
+    ld.shared.u32 %r1, [%r2];
+    @%p1 st.global.f32 [%rd1], %f1;
+    ld.global.nc.v4.u32 {%r1, %r2, %r3, %r4}, [%rd2];
+    ld.param.u64 %rd3, [k_param_0];
+    ld.u32 %r5, [%rd4];
+    @%p2 st.f32 [%rd5], %f2;
+    ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r6];
+    """
+    assert generic_memory_ops(ptx) == ["ld.u32 %r5, [%rd4];", "@%p2 st.f32 [%rd5], %f2;"]
 
 
 def test_compile_error_carries_log():

@@ -24,6 +24,9 @@ HEADERS = ("common.cuh", "epilogue.cuh")
 OPTIONS = ("--std=c++17", "-lineinfo", "--device-as-default-execution-space")
 _MAGIC = b"GGCUBIN1"
 _memory: dict[str, bytes] = {}
+# A dict (tests set one): every fresh compile also stores the PTX NVRTC made on the way, by source
+# name, so a test can read what the kernels do without a second compile.
+PTX: dict[str, str] | None = None
 
 
 def _nvrtc():
@@ -157,6 +160,11 @@ def _nvrtc_compile(src: str, name: str, arch: str, options: tuple[str, ...], hea
         (size,) = _check("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
         buf = b" " * size
         _check("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, buf))
+        if PTX is not None:
+            (n,) = _check("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(prog))
+            ptx = b" " * n
+            _check("nvrtcGetPTX", nvrtc.nvrtcGetPTX(prog, ptx))
+            PTX[name] = ptx.decode(errors="replace").rstrip("\0")
         return bytes(buf)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)

@@ -99,13 +99,10 @@ struct QQ4_1 {
 struct QQ4_K {
     static constexpr int BYTES = 144, QK = 256, TILE = QUANT_TILE_Q4_K, UNITS = 16;
     static constexpr bool MIN = true;
-    static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
-        // 8 sub-blocks of 32 with a 6-bit scale and min each, packed in 12 bytes: sub-blocks 0-3
-        // in the low 6 bits of bytes 0-3 (scale) and 4-7 (min), 4-7 in the nibbles of bytes
-        // 8-11 plus the top 2 bits of bytes 0-3 (scale) and 4-7 (min).
-        const int s = u >> 1, lh = u & 1;
-        const u8* sc = blk + 4;
-        unsigned scale, mn;
+    // 8 sub-blocks of 32 with a 6-bit scale and min each, packed in the 12 bytes at sc: sub-blocks
+    // 0-3 in the low 6 bits of bytes 0-3 (scale) and 4-7 (min), 4-7 in the nibbles of bytes 8-11
+    // plus the top 2 bits of bytes 0-3 (scale) and 4-7 (min).
+    static __device__ __forceinline__ void scale_min(const u8* sc, int s, unsigned& scale, unsigned& mn) {
         if (s < 4) {
             scale = sc[s] & 63u;
             mn = sc[s + 4] & 63u;
@@ -113,6 +110,11 @@ struct QQ4_K {
             scale = (sc[s + 4] & 15u) | ((unsigned)(sc[s - 4] >> 6) << 4);
             mn = (unsigned)(sc[s + 4] >> 4) | ((unsigned)(sc[s] >> 6) << 4);
         }
+    }
+    static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
+        const int s = u >> 1, lh = u & 1;
+        unsigned scale, mn;
+        scale_min(blk + 4, s, scale, mn);
         // 4 groups of 32 bytes: group g's low nibbles are sub-block 2g, its high nibbles 2g + 1
         const V16 v = *(const V16*)(blk + 16 + 32 * (s >> 1) + 16 * lh);  // 16-aligned
         const int shift = 4 * (s & 1);
@@ -454,15 +456,8 @@ template <> struct MV<QQ4_K> {
         p[1] = sum4(x + 4);
     }
     template <int AL> static __device__ __forceinline__ void entry(const u8* blk, int s, float* tb) {
-        const u8* sc = blk + 4;
         unsigned scale, mn;
-        if (s < 4) {
-            scale = sc[s] & 63u;
-            mn = sc[s + 4] & 63u;
-        } else {
-            scale = (sc[s + 4] & 15u) | ((unsigned)(sc[s - 4] >> 6) << 4);
-            mn = (unsigned)(sc[s + 4] >> 4) | ((unsigned)(sc[s] >> 6) << 4);
-        }
+        QQ4_K::scale_min(blk + 4, s, scale, mn);
         // sum x ((d sc) q - dmin m) = a sum x (16 + q) + (-(dmin m) - 16 a) sum x
         const float a = __fmul_rn(h2f((u16)st_u16<AL>(blk)), (float)scale);
         tb[2 * s] = a;
@@ -987,8 +982,8 @@ template <> struct MVS<QQ4_1> {
         return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)s, acc));  // d q + m
     }
 };
-// Q4_K (144-byte blocks of 256, 2-aligned in a stage): item `sub` has a 6-bit scale and min (packed
-// as QQ4_K::unit reads them) and its 4-bit values in the low (even sub) or high (odd) nibbles of
+// Q4_K (144-byte blocks of 256, 2-aligned in a stage): item `sub` has a 6-bit scale and min
+// (QQ4_K::scale_min) and its 4-bit values in the low (even sub) or high (odd) nibbles of
 // qs[32 (sub / 2) ..]: x = d scale q - dmin min, so sum x_w x = d scale d_x sum q q_x - dmin min sum x.
 template <> struct MVS<QQ4_K> {
     static __device__ __forceinline__ float dot(const u8* p, int sub, const XB& x, float acc) {
@@ -998,15 +993,8 @@ template <> struct MVS<QQ4_K> {
         int s = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) s = __dp4a((int)((q[i] >> ns) & 0x0f0f0f0fu), x.q[i], s);
-        const u8* sc = p + 4;
         unsigned scale, mn;
-        if (sub < 4) {
-            scale = sc[sub] & 63u;
-            mn = sc[sub + 4] & 63u;
-        } else {
-            scale = (sc[sub + 4] & 15u) | ((unsigned)(sc[sub - 4] >> 6) << 4);
-            mn = (unsigned)(sc[sub + 4] >> 4) | ((unsigned)(sc[sub] >> 6) << 4);
-        }
+        QQ4_K::scale_min(p + 4, sub, scale, mn);
         return fmaf(sm_half(p) * (float)scale * x.d, (float)s, fmaf(-sm_half(p + 2) * (float)mn, x.sum, acc));
     }
 };
