@@ -535,8 +535,8 @@ def test_catalog_compiles_everything(arch, tmp_path, monkeypatch):
     bad = [(name, err) for name, _, _, ok, err in rows if not ok]
     assert not bad, bad
     # Loads and stores name their state space: a shared-memory pointer that went through an
-    # integer cast becomes generic, and the streaming mat-vec's dot ran 6% of a Q4_K_M token
-    # slower that way (docs/cuda.md).
+    # integer cast becomes generic (the streaming mat-vec's dot read its weights that way, one of
+    # the costs removed in the thirteenth session: docs/cuda.md, docs/performance.md).
     assert set(compiler.PTX) == set(catalog.files())
     generic = {name: lines[:3] for name, ptx in compiler.PTX.items() if (lines := generic_memory_ops(ptx))}
     assert not generic, generic
