@@ -831,15 +831,15 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
                                               (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
 }
 
-// ---- streaming mat-vec: one column, Q8_0 / Q4_0 / Q4_1 / Q6_K, int8 activations (`mul_mat_vecs_*_qx`) --
+// ---- streaming mat-vec: one column, every block type, int8 activations (`mul_mat_vecs_*_qx`) -------
 // The mat-vec above spends ~20 instructions per weight byte on staging, addressing and decoding
 // item by item (Nsight Compute: issue-bound, 0.37 of DRAM throughput; docs/performance.md). This
 // one does per weight block and row only what the arithmetic needs:
 // * Thread t of QUANT_MVS_THREADS owns item t (32 elements: a block of the 32-element types, an
-//   eighth of a Q6_K block) of every chunk (QUANT_MVS_THREADS items of K) of all R rows of its
+//   eighth of a Q4_K / Q6_K block) of every chunk (QUANT_MVS_THREADS items of K) of all R rows of its
 //   thread block: it quantizes those 32 activations to int8 in registers once (ggml's q8:
 //   d = amax / 127), and each of its R rows costs the item's words from shared memory, 8 __dp4a
-//   and two multiplies (Q6_K: its 6-bit values assembled from two runs of words, 16 __dp4a). No
+//   and two multiplies (Q6_K: its 6-bit values assembled from two runs of words, 8 __dp4a). No
 //   shuffles, no shared memory for the activations.
 // * Chunks of all R rows are copied global -> shared with 16-byte cp.async one chunk ahead of the
 //   one being multiplied (two stages, dynamic shared memory; one when K is one chunk): a K = 4096
@@ -1030,7 +1030,7 @@ template <> struct MVS<QQ6_K> {
 // rows of the gate (w) and the same rows of up (w2, rows as far apart).
 template <class Q, int R, int ACT>
 struct MvsRows {
-    static constexpr int IPB = Q::QK / 32;  // a thread's items (32 elements) per quant block: 8 for Q6_K
+    static constexpr int IPB = Q::QK / 32;  // a thread's items (32 elements) per quant block: 8 for the K-quants
     int part, nblk, tpr, slots, no, nr, kb0;  // nblk: this part's quant blocks from kb0; no: output rows, nr: weight rows
     i64 rb, r0, nb1, up;
     const char* wb;
