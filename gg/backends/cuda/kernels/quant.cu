@@ -102,14 +102,14 @@ struct QQ4_K {
     // 8 sub-blocks of 32 with a 6-bit scale and min each, packed in the 12 bytes at sc: sub-blocks
     // 0-3 in the low 6 bits of bytes 0-3 (scale) and 4-7 (min), 4-7 in the nibbles of bytes 8-11
     // plus the top 2 bits of bytes 0-3 (scale) and 4-7 (min).
+    // Without a branch: neighbouring lanes take different sub-blocks (the streaming build's lane t
+    // has item t % 8), and a branch ran both halves for every lane.
     static __device__ __forceinline__ void scale_min(const u8* sc, int s, unsigned& scale, unsigned& mn) {
-        if (s < 4) {
-            scale = sc[s] & 63u;
-            mn = sc[s + 4] & 63u;
-        } else {
-            scale = (sc[s + 4] & 15u) | ((unsigned)(sc[s - 4] >> 6) << 4);
-            mn = (unsigned)(sc[s + 4] >> 4) | ((unsigned)(sc[s] >> 6) << 4);
-        }
+        const int j = s & 3;
+        const unsigned b0 = sc[j], b4 = sc[j + 4], b8 = sc[j + 8];
+        const bool hi = s >= 4;
+        scale = hi ? (b8 & 15u) | ((b0 >> 6) << 4) : b0 & 63u;
+        mn = hi ? (b8 >> 4) | ((b4 >> 6) << 4) : b4 & 63u;
     }
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         const int s = u >> 1, lh = u & 1;
