@@ -1293,14 +1293,14 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
 // ---- entry points -----------------------------------------------------------------------------
 // mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps): the sibling mat-vecs above.
 #define GG_SIBQ_X(Q, S, NORM, ACT, QX, NAME, SUF)                                                                  \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps) {              \
         gg_grid_sync();                                                                                           \
         sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps);                                                               \
     }
 // mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi): with the epilogue (epilogue.cuh).
 #define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_epi_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, SibEpi epi) { \
         gg_grid_sync();                                                                                           \
         sibq_impl<Q, NORM, MV_ACT_NONE, QX, true>(s, x, nw, eps, &epi);                                            \
