@@ -39,6 +39,10 @@ MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
 MV1_ROWS = {**MV_ROWS, Q4_0: 4, Q4_1: 4}
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
+# Resident blocks per SM the sibling builds are compiled for (`__launch_bounds__`): the plain
+# kernel's MV<Q>::BLOCKS (64 registers at 4) made the SwiGLU / norm builds spill up to 208 bytes a
+# thread (ptxas -v); their grids are a small model's (24-128 blocks: under 2 an SM anyway).
+SIB_BLOCKS = 2
 # One-column products of these types quantize their activations to int8 in the block and multiply
 # with __dp4a (kernels/quant.cu QX: the *_qx builds), ggml's mmvq arithmetic: 5-9% faster than
 # decoding 4-bit weights to floats on the H100; Q8_0 measured the same either way, so it keeps the
@@ -79,7 +83,7 @@ MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a 
 # elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
 # dims (4M-59M) gain (docs/performance.md).
 MVS_MIN_ELEMENTS = 2 ** 22
-DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
+DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},

@@ -102,14 +102,14 @@ struct QQ4_K {
     // 8 sub-blocks of 32 with a 6-bit scale and min each, packed in the 12 bytes at sc: sub-blocks
     // 0-3 in the low 6 bits of bytes 0-3 (scale) and 4-7 (min), 4-7 in the nibbles of bytes 8-11
     // plus the top 2 bits of bytes 0-3 (scale) and 4-7 (min).
+    // Without a branch: neighbouring lanes take different sub-blocks (the streaming build's lane t
+    // has item t % 8), and a branch ran both halves for every lane.
     static __device__ __forceinline__ void scale_min(const u8* sc, int s, unsigned& scale, unsigned& mn) {
-        if (s < 4) {
-            scale = sc[s] & 63u;
-            mn = sc[s + 4] & 63u;
-        } else {
-            scale = (sc[s + 4] & 15u) | ((unsigned)(sc[s - 4] >> 6) << 4);
-            mn = (unsigned)(sc[s + 4] >> 4) | ((unsigned)(sc[s] >> 6) << 4);
-        }
+        const int j = s & 3;
+        const unsigned b0 = sc[j], b4 = sc[j + 4], b8 = sc[j + 8];
+        const bool hi = s >= 4;
+        scale = hi ? (b8 & 15u) | ((b0 >> 6) << 4) : b0 & 63u;
+        mn = hi ? (b8 >> 4) | ((b4 >> 6) << 4) : b4 & 63u;
     }
     static __device__ __forceinline__ void unit(const u8* blk, int u, float* q, float& a, float& b, int& o1, int& o2) {
         const int s = u >> 1, lh = u & 1;
@@ -1293,14 +1293,14 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
 // ---- entry points -----------------------------------------------------------------------------
 // mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps): the sibling mat-vecs above.
 #define GG_SIBQ_X(Q, S, NORM, ACT, QX, NAME, SUF)                                                                  \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps) {              \
         gg_grid_sync();                                                                                           \
         sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps);                                                               \
     }
 // mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi): with the epilogue (epilogue.cuh).
 #define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                  \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_epi_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, SibEpi epi) { \
         gg_grid_sync();                                                                                           \
         sibq_impl<Q, NORM, MV_ACT_NONE, QX, true>(s, x, nw, eps, &epi);                                            \
