@@ -211,6 +211,31 @@ def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng, mo
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dt,k,parts", [(dt, k, parts) for dt in blocks.STREAM_TYPES
+                                        for k, parts in [(14336, 1), (36864, 0), (4096, 0), (4128, 0)]
+                                        if k % dt.block_size == 0])
+def test_streaming_matvec_chunks_in_turn(dt, k, parts, rng, monkeypatch):
+    """A part of several chunks (K = 14336 in one part: 4 chunks of Q4_0, 2 stages taken in turn, so
+    each stage's barrier or copy group is reused; 36864 in 8 parts of 2 chunks), a part of one
+    chunk, and K = 4128 (chunks not multiples of 16 bytes): rows aligned to 16 bytes take sm_90's
+    bulk copies, the rest the 16-byte copies; computed twice with new x against float64."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(blocks, "MVS_PARTS", parts)
+    ctx = gg.Context()
+    w = random_weights(rng, dt, 37, k, ctx)
+    xt = ctx.tensor(rng.standard_normal(k).astype(np.float32))
+    y = gg.mul_mat(w, xt)
+    g = gg.build_forward(y, backends=("cuda",))
+    v = g.plan.steps[-1].choice.vecs
+    assert v is not None and (parts == 0 or v.parts == parts)
+    for _ in range(2):
+        xa = rng.standard_normal(k).astype(np.float32)
+        xt.set(xa)
+        g.compute()
+        assert nmse(y.numpy().reshape(-1), w.numpy().astype(np.float64) @ xa.astype(np.float64)) <= NMSE_QUANT_ACTIVATIONS
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dt", blocks.STREAM_TYPES)
 def test_streaming_chain_early_weights_change_nothing(dt, rng, monkeypatch):
     """An FFN of streaming steps (gate/up + SwiGLU, down in 3 parts + residual, then a product of

@@ -857,7 +857,7 @@ static_assert(QUANT_MVS_THREADS % 32 == 0 && QUANT_MVS_THREADS * 18 % 16 == 0, "
 // and the exact float sum (Q4_1's minimum).
 struct XB {
     int q[8];
-    float d, dsum, sum;
+    float d, d16, dsum, sum;  // d16 = d / 16 (exact): the scale of a dot over nibbles kept in place
     int qlo, qhi;  // the int8 values' sums over elements 0-15 and 16-31 (Q6_K's -32 offset, per half)
 };
 
@@ -897,6 +897,7 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool
     }
     XB b;
     b.d = amax / 127.0f;
+    b.d16 = b.d * 0.0625f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     int qs[2] = {0, 0};
 #pragma unroll
@@ -918,13 +919,14 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool
 
 // One staged weight block at p (2-aligned: Q4_0's 18-byte blocks, Q8_0's 34, Q6_K's 210; Q4_1's 20
 // are 4-aligned) times the activations of its item `sub` (32 elements; Q6_K has 8 a block), added
-// to acc. Words are read 4-aligned and realigned by funnel shifts: a block at p = a + o (o = 0 or 2)
-// has its F16 scale at byte o and its quants from byte o + 2.
+// to acc. Words are read 4-aligned and realigned by funnel shifts: a block at p = a + lo (lo = p & 3:
+// 0 or 2, passed in because the caller knows it once for all its rows when they are aligned alike)
+// has its F16 scale at byte lo and its quants from byte lo + 2.
 template <class Q> struct MVS;
-// N words from the 2-aligned p (4-byte aligned reads realigned by funnel shifts; Q6_K's runs end
+__device__ __forceinline__ unsigned mvs_lo(const u8* p) { return (unsigned)(unsigned long long)p & 3u; }
+// N words from the 2-aligned p = a + lo (4-byte aligned reads realigned by funnel shifts; Q6_K's runs end
 // at least 4 bytes before its block does).
-template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsigned* w) {
-    const unsigned lo = (unsigned)(unsigned long long)p & 3u;
+template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsigned lo, unsigned* w) {
     const unsigned* a = (const unsigned*)(p - lo);  // pointer arithmetic: p's address space (shared) is kept
     const unsigned sh = 8u * lo;
     unsigned r[N + 1];
@@ -934,8 +936,7 @@ template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsig
     for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
 }
 // A 2-aligned block's N words of quants from byte 2 into q, its F16 scale (bytes 0-1) returned.
-template <int N> __device__ __forceinline__ float mvs_block_a2(const u8* p, unsigned* q) {
-    const unsigned lo = (unsigned)(unsigned long long)p & 3u;
+template <int N> __device__ __forceinline__ float mvs_block_a2(const u8* p, unsigned lo, unsigned* q) {
     const unsigned* a = (const unsigned*)(p - lo);
     const unsigned sh = 16u + 8u * lo;
     unsigned w[N + 1];
@@ -945,68 +946,81 @@ template <int N> __device__ __forceinline__ float mvs_block_a2(const u8* p, unsi
     for (int i = 0; i < N; ++i) q[i] = __funnelshift_rc(w[i], w[i + 1], sh);
     return h2f((u16)(__funnelshift_rc(w[0], w[1], sh - 16u) & 0xffffu));
 }
-template <> struct MVS<QQ4_0> {
-    static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
-        unsigned q[4];
-        const float d = mvs_block_a2<4>(p, q);
-        int s = 0;
+// sum of the 4 unsigned bytes of a times the 4 signed bytes of b, plus c: a nibble kept in place
+// (q & 0xf0f0f0f0 is 16 x the high nibbles) needs no shift, its sum is 16 x the nibbles' sum exactly.
+__device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// sum_i (low nibbles of q[i]) x[i] + (high nibbles of q[i]) x[4 + i], times 16 (exact: < 2^20)
+__device__ __forceinline__ int mvs_nibbles16(const unsigned* q, const int* x) {
+    int lo = 0, hi = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // byte j: element j (low nibble), 16 + j (high)
-            s = __dp4a((int)(q[i] & 0x0f0f0f0fu), x.q[i], s);
-            s = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), x.q[4 + i], s);
-        }
-        return fmaf(d, fmaf(x.d, (float)s, -8.0f * x.dsum), acc);  // sum (q - 8) x
+    for (int i = 0; i < 4; ++i) {  // byte j: element j (low nibble), 16 + j (high)
+        lo = dp4a_us(q[i] & 0x0f0f0f0fu, x[i], lo);
+        hi = dp4a_us(q[i] & 0xf0f0f0f0u, x[4 + i], hi);
+    }
+    return 16 * lo + hi;
+}
+template <> struct MVS<QQ4_0> {
+    static __device__ __forceinline__ float dot(const u8* p, unsigned lo, int, const XB& x, float acc) {
+        unsigned q[4];
+        const float d = mvs_block_a2<4>(p, lo, q);
+        return fmaf(d, fmaf(x.d16, (float)mvs_nibbles16(q, x.q), -8.0f * x.dsum), acc);  // sum (q - 8) x
     }
 };
 template <> struct MVS<QQ8_0> {  // 34-byte blocks (2-aligned): F16 scale, then 32 int8 quants in order
-    static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, unsigned lo, int, const XB& x, float acc) {
         unsigned q[8];
-        const float d = mvs_block_a2<8>(p, q);
-        int s = 0;
+        const float d = mvs_block_a2<8>(p, lo, q);
+        int s0 = 0, s1 = 0;  // two chains: the rows' products interleave better
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = __dp4a((int)q[i], x.q[i], s);
-        return fmaf(d * x.d, (float)s, acc);
+        for (int i = 0; i < 4; ++i) {
+            s0 = __dp4a((int)q[i], x.q[i], s0);
+            s1 = __dp4a((int)q[4 + i], x.q[4 + i], s1);
+        }
+        return fmaf(d * x.d, (float)(s0 + s1), acc);
     }
 };
 template <> struct MVS<QQ4_1> {
-    static __device__ __forceinline__ float dot(const u8* p, int, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, unsigned, int, const XB& x, float acc) {
         const unsigned* a = (const unsigned*)p;  // 4-aligned (the host admits only such rows)
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned q = a[1 + i];
-            s = __dp4a((int)(q & 0x0f0f0f0fu), x.q[i], s);
-            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), x.q[4 + i], s);
-        }
+        const unsigned q[4] = {a[1], a[2], a[3], a[4]};
         const unsigned dm = a[0];
-        return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d, (float)s, acc));  // d q + m
+        return fmaf(h2f((u16)(dm >> 16)), x.sum, fmaf(h2f((u16)(dm & 0xffffu)) * x.d16, (float)mvs_nibbles16(q, x.q), acc));  // d q + m
     }
 };
 // Q4_K (144-byte blocks of 256, 2-aligned in a stage): item `sub` has a 6-bit scale and min
 // (QQ4_K::scale_min) and its 4-bit values in the low (even sub) or high (odd) nibbles of
 // qs[32 (sub / 2) ..]: x = d scale q - dmin min, so sum x_w x = d scale d_x sum q q_x - dmin min sum x.
 template <> struct MVS<QQ4_K> {
-    static __device__ __forceinline__ float dot(const u8* p, int sub, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, unsigned lo, int sub, const XB& x, float acc) {
         unsigned q[8];
-        mvs_words_a2<8>(p + 16 + 32 * (sub >> 1), q);
-        const unsigned ns = 4u * (unsigned)(sub & 1);
-        int s = 0;
+        mvs_words_a2<8>(p + 16 + 32 * (sub >> 1), lo, q);
+        // odd items' nibbles kept in place (16 x their value, exact), scaled back by x.d16
+        const unsigned mask = sub & 1 ? 0xf0f0f0f0u : 0x0f0f0f0fu;
+        int s0 = 0, s1 = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = __dp4a((int)((q[i] >> ns) & 0x0f0f0f0fu), x.q[i], s);
+        for (int i = 0; i < 4; ++i) {
+            s0 = dp4a_us(q[i] & mask, x.q[i], s0);
+            s1 = dp4a_us(q[4 + i] & mask, x.q[4 + i], s1);
+        }
         unsigned scale, mn;
         QQ4_K::scale_min(p + 4, sub, scale, mn);
-        return fmaf(sm_half(p) * (float)scale * x.d, (float)s, fmaf(-sm_half(p + 2) * (float)mn, x.sum, acc));
+        return fmaf(sm_half(p) * (float)scale * (sub & 1 ? x.d16 : x.d), (float)(s0 + s1),
+                    fmaf(-sm_half(p + 2) * (float)mn, x.sum, acc));
     }
 };
 // Q6_K (210-byte blocks of 256, 2-aligned): item `sub` is elements 32 sub .. + 31, i.e. quarter q of
 // half h: low 4 bits in ql[64 h + 32 (q & 1) + l] (high nibble for q >= 2), high 2 bits at
 // qh[32 h + l] >> 2q, value d * scale * (q6 - 32) with int8 scales[8 h + 2 q + (l >= 16)].
 template <> struct MVS<QQ6_K> {
-    static __device__ __forceinline__ float dot(const u8* p, int sub, const XB& x, float acc) {
+    static __device__ __forceinline__ float dot(const u8* p, unsigned al, int sub, const XB& x, float acc) {
         const int h = sub >> 2, q = sub & 3;
         unsigned lo[8], hi[8];
-        mvs_words_a2<8>(p + 64 * h + 32 * (q & 1), lo);
-        mvs_words_a2<8>(p + 128 + 32 * h, hi);
+        mvs_words_a2<8>(p + 64 * h + 32 * (q & 1), al, lo);
+        mvs_words_a2<8>(p + 128 + 32 * h, al, hi);
         const unsigned ns = 4u * (unsigned)(q >> 1), hs = 2u * (unsigned)q;
         int s0 = 0, s1 = 0;
 #pragma unroll
@@ -1092,10 +1106,38 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     // without a division and the row's pointer worked out once a piece (that arithmetic, with a
     // division per piece, had cost as many instructions as the products).
     const int nv = rs / 16, dj = NT / nv, dk = NT - dj * nv;
+    // Rows, the up rows' distance and a chunk all multiples of 16 bytes: every row lands at the start
+    // of its stage row in every chunk (the llama shapes: K = 4096 and the 14336 parts, every type).
+    const bool aligned =
+        (((unsigned long long)g.wb | (unsigned long long)g.nb1 | (unsigned long long)g.up | (unsigned)cb) & 15u) == 0;
+    // ... and the last chunk too: sm_90 copies each row's chunk with one bulk copy (warp 0, a lane a
+    // row) counted on mbar[c & 1], and only warp 0 waits on it (the __syncthreads after the wait
+    // hands the stage to the others); the 16-byte cp.async loop cost ~50 instructions a piece.
+    __shared__ __align__(8) unsigned long long mbar[2];
+    const bool bulk = GG_BULK_COPY && aligned && ((nblk * Q::BYTES) & 15) == 0;
+#if GG_BULK_COPY
+    if (bulk && tid == 0) {
+        mbar_init(&mbar[0], 1);
+        mbar_init(&mbar[1], 1);
+        mbar_fence_init();
+    }
+#endif
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
         const int bytes = min(tpr, items - c * tpr) / IPB * Q::BYTES;
         const i64 cco = (i64)c * cb;
+#if GG_BULK_COPY
+        if (bulk) {
+            if (tid < 32) {
+                __syncwarp();  // the barriers' initialization (c = 0) or the stage's readers (c >= 2) first
+                if (c >= 2) mbar_fence_init();  // the stage's reads before the copies' writes
+                if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(nr * bytes));
+                __syncwarp();
+                for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
+            }
+            return;
+        }
+#endif
         int j = tid / nv, k = tid - j * nv;
 #pragma unroll 1
         while (j < nr) {
@@ -1111,6 +1153,17 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         cp_async_commit();
     };
+    // chunk c in place: its bytes counted on its barrier (bulk), or this thread's copies landed
+    auto land = [&](int c) {
+#if GG_BULK_COPY
+        if (bulk) {
+            if (tid < 32) mbar_wait(&mbar[c & 1], (unsigned)(c >> 1) & 1u);
+            return;
+        }
+#endif
+        if (c + 1 < nchunks) cp_async_wait<1>();
+        else cp_async_wait<0>();
+    };
     x += (i64)g.kb0 * Q::QK;  // this part's activations
     if constexpr (NORM) nw += (i64)g.kb0 * Q::QK;
     const bool xvec = ((unsigned long long)x & 15u) == 0 && (!NORM || ((unsigned long long)nw & 15u) == 0);
@@ -1121,7 +1174,8 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const bool early = pdl & QUANT_MVS_EARLY, late = pdl & QUANT_MVS_LATE;
     // the dot loop reads row j's offset from here instead of redoing its 64-bit address arithmetic
     // (made visible by the loop's first __syncthreads)
-    for (int j = tid; j < nr; j += NT) roff[j] = (unsigned char)((unsigned long long)g.row(j) & 15u);
+    if (!aligned)
+        for (int j = tid; j < nr; j += NT) roff[j] = (unsigned char)((unsigned long long)g.row(j) & 15u);
     if (early && nblk > 0) issue(0);
     gg_grid_wait();
     if (!late) gg_launch_dependents();
@@ -1136,17 +1190,24 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
-        if (c + 1 < nchunks) cp_async_wait<1>();
-        else cp_async_wait<0>();
+        land(c);
         if (late && c + 1 == nchunks) gg_launch_dependents();
         __syncthreads();
         if (live) {
-            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + item / IPB * Q::BYTES;
-            const unsigned cc = (unsigned)c * (unsigned)cb;  // chunk c of row j starts (roff[j] + cc) & 15 off
+            const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
+            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
+            if (aligned) {  // every row at the start of its stage row: the same alignment, no guard, no
+                // offsets (rows past nr read stale stage bytes into sums that are never written)
 #pragma unroll
-            for (int m = 0; m < R; ++m) {
-                const int j = slot * R + m;
-                if (j < nr) acc[m] = MVS<Q>::dot(sb + j * rs + ((roff[j] + cc) & 15u), item % IPB, xb, acc[m]);
+                for (int m = 0; m < R; ++m) acc[m] = MVS<Q>::dot(sb + m * rs, ib & 3u, item % IPB, xb, acc[m]);
+            } else {
+                const unsigned cc = (unsigned)c * (unsigned)cb;  // chunk c of row j starts (roff[j] + cc) & 15 off
+#pragma unroll
+                for (int m = 0; m < R; ++m) {
+                    const int j = slot * R + m;
+                    const unsigned o = (roff[j] + cc) & 15u;
+                    if (j < nr) acc[m] = MVS<Q>::dot(sb + m * rs + o, (ib + o) & 3u, item % IPB, xb, acc[m]);
+                }
             }
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
