@@ -923,7 +923,6 @@ __device__ __forceinline__ XB mvs_quantize(const float* x, const float* nw, bool
 // 0 or 2, passed in because the caller knows it once for all its rows when they are aligned alike)
 // has its F16 scale at byte lo and its quants from byte lo + 2.
 template <class Q> struct MVS;
-__device__ __forceinline__ unsigned mvs_lo(const u8* p) { return (unsigned)(unsigned long long)p & 3u; }
 // N words from the 2-aligned p = a + lo (4-byte aligned reads realigned by funnel shifts; Q6_K's runs end
 // at least 4 bytes before its block does).
 template <int N> __device__ __forceinline__ void mvs_words_a2(const u8* p, unsigned lo, unsigned* w) {
