@@ -4,7 +4,8 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-f16-stream] [--no-f16-pairs]
+        [--min-blocks N] [--no-l2-prefetch]
         [--fa-threads N] [--fa-chunk N] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
@@ -74,6 +75,8 @@ def main() -> None:
     ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
                     "product; 1: whole rows)")
     ap.add_argument("--no-stream-norm", action="store_true", help="blocks.STREAM_NORM off")
+    ap.add_argument("--no-f16-stream", action="store_true", help="blocks.STREAM_F16 and STREAM_F16_PAIRS off")
+    ap.add_argument("--no-f16-pairs", action="store_true", help="blocks.STREAM_F16_PAIRS off")
     ap.add_argument("--stream-types", default=None, help="blocks.STREAM_TYPES by name, e.g. q4_0,q4_1")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
     ap.add_argument("--no-early", action="store_true", help="launch.EARLY_WEIGHTS off")
@@ -115,6 +118,10 @@ def main() -> None:
         blocks.MVS_PARTS = a.mvs_parts
     if a.no_stream_norm:
         blocks.STREAM_NORM = False
+    if a.no_f16_stream:
+        blocks.STREAM_F16 = blocks.STREAM_F16_PAIRS = False
+    if a.no_f16_pairs:
+        blocks.STREAM_F16_PAIRS = False
     if a.stream_types is not None:
         blocks.STREAM_TYPES = tuple(t for t in blocks.TYPES if t.name in a.stream_types.split(","))
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)

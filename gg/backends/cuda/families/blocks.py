@@ -9,7 +9,7 @@ from itertools import product
 
 import numpy as np
 
-from ....dtypes import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, DType
+from ....dtypes import F16, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, DType
 from ....tensor import Tensor
 from .. import launch
 from ..launch import Args
@@ -59,6 +59,13 @@ STREAM_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)  # int8 activations for all (Q8_0 
 # ggml's mmvq does; their mul_mat_vec1 and sibling builds keep F32 activations). A thread's item is
 # 32 elements: a K-quant block of 256 is 8 items (items_per_block), each thread reading its bits.
 STREAM_MATVEC = True  # False: these types take mul_mat_vec1_* too (A/B, tests of both)
+# F16 weights stream too (kernels/quant.cu QF16: rows read as 64-byte blocks of 32 elements, F32
+# activations, so F16 products stay exact to F32 rounding): one-column products (and their
+# residual) and SwiGLU / GeGLU pairs of at least MVS_MIN_ELEMENTS elements, K % 32 == 0. False:
+# mul_mat_vecw_* and mul_mat_sib_* as before.
+STREAM_F16 = True
+STREAM_F16_PAIRS = True  # ... the SwiGLU / GeGLU pairs among them (families/siblings.py)
+STREAM_F16_QK = 32
 # The streaming builds can normalize x on the way in (rms_norm(x) * w -> the SwiGLU step, or one
 # product such as a stacked QKV or a model's head): each thread quantizes x * w of its 32-block
 # (the int8 quantization is scale invariant) and the row sums are scaled by 1 / rms(x) at the end,
@@ -118,13 +125,25 @@ def matvec_grid(dtype: DType, n_rows: int, ne0: int,
     return (-(-n_rows // matvec_rows(dtype, ne0, ncols)), 1, 1), (MV_THREADS, 1, 1)
 
 
+def stream_block(dtype: DType) -> tuple[int, int]:
+    """(elements, bytes) of the unit the streaming mat-vec reads a row in: a quant block, or
+    STREAM_F16_QK elements of F16."""
+    if dtype is F16:
+        return STREAM_F16_QK, STREAM_F16_QK * F16.size
+    return dtype.block_size, dtype.size
+
+
 def streams(a: Tensor) -> bool:
     """The streaming mat-vec reads these weights: a type it has, rows at the alignment its word
-    reads need (Q4_1's 20-byte blocks 4-aligned, Q4_0's 18-byte ones 2-aligned), a matrix of at
-    least MVS_MIN_ELEMENTS."""
+    reads need (Q4_1's 20-byte blocks 4-aligned, Q4_0's 18-byte ones 2-aligned; F16 rows of
+    contiguous elements, K % 32 == 0), one matrix of at least MVS_MIN_ELEMENTS."""
+    if a.ne[0] * a.ne[1] < MVS_MIN_ELEMENTS or a.ne[2] * a.ne[3] != 1:
+        return False
+    if a.dtype is F16:
+        return STREAM_F16 and a.nb[0] == F16.size and a.ne[0] % STREAM_F16_QK == 0 and a.nb[1] % F16.size == 0
     align = 4 if a.dtype is Q4_1 else 2  # Q8_0 34, Q4_K 144, Q6_K 210: 2
     return (STREAM_MATVEC and QUANT_ACTIVATIONS and a.dtype in STREAM_TYPES and a.nb[1] % align == 0
-            and a.view_offs % align == 0 and a.ne[0] * a.ne[1] >= MVS_MIN_ELEMENTS)
+            and a.view_offs % align == 0)
 
 
 def matvec1(a: Tensor) -> tuple[str, "Vecs | None"]:
@@ -141,15 +160,20 @@ def matvec1_symbol(a: Tensor) -> str:
     return matvec1(a)[0]
 
 
+def _stream_suffix(dtype: DType) -> str:
+    """_qx: the block types' streaming builds quantize the activations; F16's keep them F32."""
+    return "" if dtype is F16 else "_qx"
+
+
 def vecs_name(dtype: DType, R: int, norm: bool = False) -> str:
     """The streaming build of R rows a group (mul_mat_vecs<R>[_norm]_*; norm: x normalized on the
     way in)."""
-    return f"mul_mat_vecs{R}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
+    return f"mul_mat_vecs{R}{'_norm' if norm else ''}_{dtype.name}_f32{_stream_suffix(dtype)}"
 
 
 def sibs_name(dtype: DType, R: int, act: str, norm: bool = False) -> str:
     """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>[_norm]_<act>_*)."""
-    return f"mul_mat_sibs{R}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
+    return f"mul_mat_sibs{R}{'_norm' if norm else ''}_{act}_{dtype.name}_f32{_stream_suffix(dtype)}"
 
 
 def sibs_symbol(gate: Tensor, act: str, norm: bool = False) -> str:
@@ -201,20 +225,20 @@ class Vecs:
         boundary; at least the R * MVS_THREADS partial sums of the short-row reduction."""
         ipb = items_per_block(dtype)
         stages = 1 if self.per * ipb <= self.tpr else 2
-        pitch = (self.tpr // ipb * dtype.size + 31) // 16 * 16
+        pitch = (self.tpr // ipb * stream_block(dtype)[1] + 31) // 16 * 16
         smem = max(stages * self.slots * self.R * pitch, 4 * self.R * MVS_THREADS if self.slots > 1 else 0)
         return (self.row_blocks * self.parts, 1, 1), (MVS_THREADS, 1, 1), smem
 
 
 def items_per_block(dtype: DType) -> int:
     """A streaming thread's items (32 elements, one int8 activation block) per quant block."""
-    return dtype.block_size // 32
+    return stream_block(dtype)[0] // 32
 
 
 def vecs_parts(dtype: DType, ne0: int) -> int:
     """K parts of a streaming product: one chunk (MVS_THREADS items) a part, at most
     MVS_MAX_PARTS; MVS_PARTS > 0 forces a count (A/B)."""
-    nblk = ne0 // dtype.block_size
+    nblk = ne0 // stream_block(dtype)[0]
     want = MVS_PARTS or -(-nblk * items_per_block(dtype) // MVS_THREADS)
     return max(1, min(MVS_MAX_PARTS, want, nblk))
 
@@ -225,7 +249,7 @@ def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False, norm: bool = Fa
     included), else the smallest."""
     rows = n_rows * (2 if act else 1)
     parts = vecs_parts(dtype, ne0)
-    per = -(-(ne0 // dtype.block_size) // parts)
+    per = -(-(ne0 // stream_block(dtype)[0]) // parts)
     tpr = max(1, min(MVS_THREADS, per * items_per_block(dtype)))
     slots = min(MVS_SLOTS, MVS_THREADS // tpr)
     R = next((r for r in MVS_ROWS if -(-rows // (r * slots)) * parts >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
@@ -260,8 +284,9 @@ def variants() -> list[Variant]:
     for t in TYPES:
         v += [Variant("quant.cu", f"mul_mat_vec_{t.name}_f32"), Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32")]
     v += [Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32_qx") for t in QX_TYPES]
-    v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in (False, True)]
-    v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in STREAM_TYPES for r in MVS_ROWS
+    v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in (*STREAM_TYPES, F16) for r in MVS_ROWS
+          for norm in (False, True)]
+    v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in (*STREAM_TYPES, F16) for r in MVS_ROWS
           for act in ("silu", "gelu") for norm in (False, True)]
     return v
 

@@ -72,7 +72,7 @@ class Epilogue(NormMatVec):
 class QuantMatVec(Kernel):
     """Quantized weights times up to blocks.MAX_COLS F32 columns, reading the blocks in place
     (and adding the residual of a fused mul_mat+add as it writes). `vecs`: the streaming build's
-    geometry (mul_mat_vecs<R>_*), None for mul_mat_vec[1]_*."""
+    geometry (mul_mat_vecs<R>_*, which F16 weights take too), None for mul_mat_vec[1]_*."""
 
     vecs: Vecs | None = None
 
@@ -222,6 +222,17 @@ def _product_ok(mm: Tensor) -> bool:
             and (mm.ne[0] + TILE - 1) // TILE <= GRID_X_MAX and (mm.ne[1] + TILE - 1) // TILE <= GRID_YZ_MAX)
 
 
+def _stream_f16(mm: Tensor, a: Tensor, b: Tensor) -> QuantMatVec | None:
+    """F16 weights times one contiguous F32 column on the streaming build (blocks.streams: F32
+    activations, kernels/quant.cu QF16), None when it does not apply."""
+    if not (a.dtype is F16 and b.dtype is F32 and b.ne[1:] == (1, 1, 1) and b.nb[0] == F32.size
+            and mm.is_contiguous() and blocks.streams(a)):
+        return None
+    symbol, v = blocks.matvec1(a)
+    assert v is not None
+    return QuantMatVec("quant.cu", symbol, v, scratch=v.scratch, table=v.table)
+
+
 def _matvec(mm: Tensor, a: Tensor, b: Tensor) -> MatVec:
     vec = a.ne[0] % 8 == 0 and rows_aligned(a) and rows_aligned(b)
     if vec and wide(a, b):  # long rows (weights): a block per row, every thread's loads in flight
@@ -262,9 +273,12 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
         return None
     p = path(mm, a, b)
     if ops == ("mul_mat", "add"):  # a residual added by the mat-vec as it writes
-        return _matvec(mm, a, b) if p == "vec" and _residual(nodes[1], mm, srcs) is not None else None
+        r = _residual(nodes[1], mm, srcs)
+        if p != "vec" or r is None:
+            return None
+        return (_stream_f16(mm, a, b) if r.nb[0] == F32.size else None) or _matvec(mm, a, b)
     if p == "vec":
-        return _matvec(mm, a, b)
+        return _stream_f16(mm, a, b) or _matvec(mm, a, b)
     if p == "cublas":
         return Kernel("cublas", "cublas_gemm_batched" if mm.ne[2] * mm.ne[3] > 1 else "cublas_gemm")
     return Kernel("mul_mat.cu", f"mul_mat_tiled_{a.dtype.name}_{b.dtype.name}")

@@ -152,6 +152,15 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
                          per // 2 if act else per, quant=True)
             if norm and not _norm_fits(sum(k.blocks), K):
                 return None
+    elif (act and blocks.STREAM_F16_PAIRS and (blocks.STREAM_NORM or not norm)
+          and weights[0].nb[1] == weights[1].nb[1] and all(blocks.streams(a) for a in weights)):
+        # F16 gate and up on the streaming build (F32 activations; one row stride for both, as the
+        # quantized pairs), the norm taken in without QUANT_NORM_BYTES_MAX: the sibling kernel it
+        # replaces re-reads x and the norm weight in every one of its (many more) blocks and
+        # measured at the copy roof (docs/performance.md), so those L2 reads are not what limits F16
+        v = blocks.vecs(wdt, rows[0], K, act=True, norm=norm)
+        k = Siblings("quant.cu", blocks.sibs_name(wdt, v.R, act, norm), rows, norm, act, blocks.MVS_THREADS,
+                     v.out_per_block, vecs=v, scratch=v.scratch, table=v.table)
     else:
         chunks = K // (16 // wdt.size)
         threads = min(THREADS, max(32, -(-chunks // 32) * 32))

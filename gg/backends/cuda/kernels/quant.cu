@@ -1036,6 +1036,66 @@ template <> struct MVS<QQ6_K> {
     }
 };
 
+// F16 weights on the same streaming machinery: a row is read as "blocks" of 32 elements (64
+// bytes, K % 32 == 0) and multiplied with the activations kept in F32 (XF: no quantization, so
+// the products are as exact as mul_mat_vecw's), each element's FMA in element order.
+struct QF16 {
+    static constexpr int BYTES = 64, QK = 32;
+};
+struct XF {
+    float v[32];
+};
+template <> struct MVS<QF16> {
+    static __device__ __forceinline__ float dot(const u8* p, unsigned lo, int, const XF& x, float acc) {
+        unsigned w[16];
+        if (((unsigned long long)p & 15u) == 0) {  // the aligned rows: four 16-byte shared loads
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const V16 a = *(const V16*)(p + 16 * i);
+#pragma unroll
+                for (int t = 0; t < 4; ++t) w[4 * i + t] = a.w[t];
+            }
+        } else {  // the 17 words read end at most 4 bytes past the block, inside the stage row's padding
+            mvs_words_a2<16>(p, lo, w);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            acc = fmaf(h2f((u16)(w[i] & 0xffffu)), x.v[2 * i], acc);
+            acc = fmaf(h2f((u16)(w[i] >> 16)), x.v[2 * i + 1], acc);
+        }
+        return acc;
+    }
+};
+
+// A thread's 32 activations for its item in the form its type's dot takes: int8 (XB, the block
+// types) or F32 (XF, F16 weights); NORM: x * nw, and ss gains sum(x^2) (the row sums are scaled by
+// 1 / rms(x) at the end either way).
+template <class Q> struct MvsX {
+    using T = XB;
+    template <bool NORM>
+    static __device__ __forceinline__ XB make(const float* x, const float* nw, bool vec, float& ss) {
+        return mvs_quantize<NORM>(x, nw, vec, ss);
+    }
+};
+template <> struct MvsX<QF16> {
+    using T = XF;
+    template <bool NORM>
+    static __device__ __forceinline__ XF make(const float* x, const float* nw, bool vec, float& ss) {
+        XF b;
+        mvs_load32(x, vec, b.v);
+        if constexpr (NORM) {
+            float n[32];
+            mvs_load32(nw, vec, n);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                ss = fmaf(b.v[i], b.v[i], ss);
+                b.v[i] *= n[i];
+            }
+        }
+        return b;
+    }
+};
+
 // The rows a block of the streaming mat-vec takes. A row of K is cut into `parts` parts (the
 // blocks of one row block side by side: blockIdx.x = row block * parts + part) of `per` quant
 // blocks; a part keeps tpr = min(NT, per * IPB) threads busy per row group; slots = NT / tpr groups of R
@@ -1184,10 +1244,10 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
         const int b = c * tpr + item;
         const bool live = slot < slots && b < items;
-        XB xb;
+        typename MvsX<Q>::T xb;
         if (live) {  // while the copies are in flight
             float s2 = 0.0f;
-            xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
+            xb = MvsX<Q>::template make<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
         land(c);
@@ -1293,25 +1353,26 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 // mul_mat_sibs<R>[_norm]_<act>_<t>_f32_qx(wg, wu, nb1, x, nw, eps, y, n_rows, K, parts, partial,
 // tickets, pdl): the sibling SwiGLU / GeGLU step on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r];
 // gate and up rows nb1 bytes apart).
-#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, N)                                                             \
+#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, N, X)                                                          \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
-        mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
+        mul_mat_sibs##R##N##_##NAME##_##S##_f32##X(const char* wg, const char* wu, i64 nb1, const float* x,       \
                                                    const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
                                                    int parts, float* partial, int* tickets, int pdl) {            \
         mvs_impl<Q, R, ACT, NORM>(wg, wu, nb1, x, nw, eps, y, nullptr, n_rows, (int)K, parts, partial, tickets,   \
                                   pdl);                                                                           \
     }
-#define GG_QUANT_VECS_RN(Q, S, R, NORM, N)                                                                        \
+#define GG_QUANT_VECS_RN(Q, S, R, NORM, N, X)                                                                     \
     extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
-        mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
+        mul_mat_vecs##R##N##_##S##_f32##X(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
                                           float* y, const float* res, i64 n_rows, i64 K, int parts,               \
                                           float* partial, int* tickets, int pdl) {                                \
         mvs_impl<Q, R, MV_ACT_NONE, NORM>(w, nullptr, w_nb1, x, nw, eps, y, res, n_rows, (int)K, parts, partial,  \
                                           tickets, pdl);                                                          \
     }                                                                                                             \
-    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
-#define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)
-#define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
+    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N, X) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N, X)
+#define GG_QUANT_VECS_R(Q, S, R, X) GG_QUANT_VECS_RN(Q, S, R, false, , X) GG_QUANT_VECS_RN(Q, S, R, true, _norm, X)
+// X: the symbols' suffix, _qx for the block types (int8 activations), none for F16 (F32 activations)
+#define GG_QUANT_VECS(Q, S, X) GG_QUANT_VECS_R(Q, S, 4, X) GG_QUANT_VECS_R(Q, S, 8, X) GG_QUANT_VECS_R(Q, S, 16, X)
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
 // Up to QUANT_SIB_MAX products W_j · x of one F32 row, all of one block type, in one launch: the
@@ -1433,10 +1494,11 @@ GG_QUANT_KERNELS(QQ4_0, q4_0)
 GG_QUANT_KERNELS(QQ4_1, q4_1)
 GG_QUANT_QX(QQ4_0, q4_0)
 GG_QUANT_QX(QQ4_1, q4_1)
-GG_QUANT_VECS(QQ8_0, q8_0)
-GG_QUANT_VECS(QQ4_0, q4_0)
-GG_QUANT_VECS(QQ4_1, q4_1)
-GG_QUANT_VECS(QQ4_K, q4_k)
-GG_QUANT_VECS(QQ6_K, q6_k)
+GG_QUANT_VECS(QQ8_0, q8_0, _qx)
+GG_QUANT_VECS(QQ4_0, q4_0, _qx)
+GG_QUANT_VECS(QQ4_1, q4_1, _qx)
+GG_QUANT_VECS(QQ4_K, q4_k, _qx)
+GG_QUANT_VECS(QQ6_K, q6_k, _qx)
+GG_QUANT_VECS(QF16, f16, )
 GG_QUANT_KERNELS(QQ4_K, q4_k)
 GG_QUANT_KERNELS(QQ6_K, q6_k)
