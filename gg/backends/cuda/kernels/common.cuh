@@ -396,8 +396,9 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
 }
-// the barriers' initialization made visible to the bulk copies (then a __syncthreads for the block)
-__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// This thread's shared-memory writes and reads so far (an mbarrier's initialization, a stage's
+// reads) ordered before the bulk copies it issues next (they run in the async proxy).
+__device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // one arrival that also expects `bytes` more of copies on the barrier's current phase
 __device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
     asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }"

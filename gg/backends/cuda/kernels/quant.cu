@@ -1118,7 +1118,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     if (bulk && tid == 0) {
         mbar_init(&mbar[0], 1);
         mbar_init(&mbar[1], 1);
-        mbar_fence_init();
+        async_proxy_fence();
     }
 #endif
     auto issue = [&](int c) {
@@ -1129,7 +1129,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (bulk) {
             if (tid < 32) {
                 __syncwarp();  // the barriers' initialization (c = 0) or the stage's readers (c >= 2) first
-                if (c >= 2) mbar_fence_init();  // the stage's reads before the copies' writes
+                if (c >= 2) async_proxy_fence();  // the stage's reads before the copies' writes
                 if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(nr * bytes));
                 __syncwarp();
                 for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
