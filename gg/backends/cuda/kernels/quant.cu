@@ -852,6 +852,10 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
 #error "QUANT_MVS_* come from the host as -D (families/blocks.py)"
 #endif
 static_assert(QUANT_MVS_THREADS % 32 == 0 && QUANT_MVS_THREADS * 18 % 16 == 0, "streaming mat-vec geometry");
+// sm_90 counts a stage's bulk-copied bytes on one mbarrier, whose transaction count holds less than
+// 2^20: a stage holds R <= 16 rows of the block's QUANT_MVS_THREADS items (slots side by side share
+// them), each item at most 34 bytes (Q8_0's).
+static_assert(QUANT_MVS_THREADS * 34 * 16 < (1 << 20), "a stage's bytes fit an mbarrier's transaction count");
 
 // 32 activations as int8 (q[i]: elements 4i..4i+3) with their scale d, d * sum(q) (Q4_0's offset)
 // and the exact float sum (Q4_1's minimum).
