@@ -5,7 +5,7 @@ its cost on the critical path, boundaries included; timing only, results are non
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
         [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
-        [--fa-threads N] [--fa-chunk N] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
+        [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
 from __future__ import annotations
@@ -80,6 +80,11 @@ def main() -> None:
     ap.add_argument("--stream-norm", action="store_true", help="blocks.STREAM_NORM on")
     ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
     ap.add_argument("--fa-chunk", type=int, default=None, help="attention.FAST_CHUNK (positions per flash block)")
+    ap.add_argument("--fa-cluster", type=int, default=None, help="attention.CLUSTER_MAX (0: no cluster combine)")
+    ap.add_argument("--no-early-tiles", action="store_true", help="attention.EARLY_TILES off")
+    ap.add_argument("--mmvw-batch", type=int, default=None, help="matmul.MMVW_BATCH (the wide mat-vec's loads in flight)")
+    ap.add_argument("--sib-batch", type=int, default=None, help="siblings.BATCH (the F16 sibling builds' loads in flight)")
+    ap.add_argument("--sib-act-rows", type=int, default=None, help="siblings.ACT_ROWS (SwiGLU rows of each weight a block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
     ap.add_argument("--mv1-rows", default="", help="blocks.MV1_ROWS of a type, e.g. q4_1=8 (mul_mat_vec1)")
     ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
@@ -98,6 +103,18 @@ def main() -> None:
         attention.THREADS = attention.DEFINES["attn.cu"]["FA_THREADS"] = a.fa_threads
     if a.fa_chunk:
         fa_chunk(a.fa_chunk)
+    if a.fa_cluster is not None or a.no_early_tiles:
+        from gg.backends.cuda.families import attention
+        if a.fa_cluster is not None:
+            attention.CLUSTER_MAX = a.fa_cluster
+        if a.no_early_tiles:
+            attention.EARLY_TILES = False
+    from gg.backends.cuda.families import matmul
+    for mod, name, define, n in ((matmul, "MMVW_BATCH", "MMVW_BATCH", a.mmvw_batch), (siblings, "BATCH", "SIB_BATCH", a.sib_batch),
+                                 (siblings, "ACT_ROWS", "SIB_ACT_ROWS", a.sib_act_rows)):
+        if n is not None:  # a kernel constant the host passes to NVRTC
+            setattr(mod, name, n)
+            next(iter(mod.DEFINES.values()))[define] = n
     for table, define, arg in (("MV_ROWS", "QUANT_MV_ROWS_", a.mv_rows), ("MV1_ROWS", "QUANT_MV1_ROWS_", a.mv1_rows)):
         if arg:
             name, n = arg.split("=")

@@ -100,6 +100,18 @@ def test_plan_fuses_decode_attention_on_cuda():
     assert steps[0].kernel.startswith("flash_attn_f16_h") and steps[0].out is out
 
 
+@pytest.mark.parametrize("n_kv,cluster", [(64, 1), (300, 5), (512, 8), (513, 0), (1000, 0)])
+def test_plan_clusters_short_contexts(n_kv, cluster, monkeypatch):
+    """A fused step over at most CLUSTER_MAX chunks of positions combines as one cluster a head
+    group (the plan records it on any machine; lowering uses it on sm_90+); CLUSTER_MAX = 0: never."""
+    c = Case(64, n_kv, 8, 2, 1, n_ctx=-(-n_kv // 8) * 8 + 8)  # rows 16-byte aligned: the fast build
+    (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
+    assert step.choice.fast and step.choice.cluster == cluster
+    monkeypatch.setattr(attention, "CLUSTER_MAX", 0)
+    (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
+    assert step.choice.cluster == 0 and step.choice.fused == (n_kv <= 1024)
+
+
 @pytest.mark.parametrize("form,ops", [("diag", ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat")),
                                       ("ext", ("mul_mat", "soft_max", "mul_mat"))])
 def test_plan_fuses_every_form(form, ops):
@@ -250,12 +262,15 @@ def compute(case, fuse=True):
 
 
 @cuda
-@pytest.mark.parametrize("combine", ["in_kernel", "separate"])
+@pytest.mark.parametrize("combine", ["cluster", "in_kernel", "separate"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_flash_matches_reference_and_unfused(name, combine, monkeypatch):
-    """Either way of combining the chunks: the last block of a head group (few chunks) or the
-    flash_combine launch (attention.FUSE_SPLITS = 0)."""
+    """Every way of combining the chunks: a cluster's shared memory (short contexts, sm_90), the
+    last block of a head group (attention.CLUSTER_MAX = 0) or the flash_combine launch
+    (attention.FUSE_SPLITS = 0)."""
     from gg.backends.cuda.families import attention
+    if combine != "cluster":
+        monkeypatch.setattr(attention, "CLUSTER_MAX", 0)
     if combine == "separate":
         monkeypatch.setattr(attention, "FUSE_SPLITS", 0)
     case = Case(**CASES[name], seed=len(name))
@@ -263,6 +278,7 @@ def test_flash_matches_reference_and_unfused(name, combine, monkeypatch):
     (flash,) = flash_steps(g.plan)
     splits = -(-case.n_kv // attention.FAST_CHUNK)
     assert flash.choice.fused == (flash.choice.fast and splits <= attention.FUSE_SPLITS)
+    assert flash.choice.cluster == (splits if flash.choice.fused and splits <= attention.CLUSTER_MAX else 0)
     assert all(s.backend == "cuda" for s in g.plan.steps)
     assert flash.choice.v_pos == (case.v_form != "t")
     if case.v_form == "cont":
@@ -290,13 +306,14 @@ def test_llama_cpp_block_matches_reference_and_unfused(write, v):
 
 
 @cuda
-@pytest.mark.parametrize("n_kv", [2000, 600])
+@pytest.mark.parametrize("n_kv", [2000, 600, 300])
 def test_flash_replays_with_new_inputs(n_kv):
     """Every replay of the captured graph combines anew (600 positions: the in-kernel combine,
-    whose counters the last block of each group resets)."""
-    case = Case(64, n_kv, 8, 2, 1, seed=3, n_ctx=608 if n_kv == 600 else None)  # 608: aligned rows, fast
+    whose counters the last block of each group resets; 300: the cluster's)."""
+    case = Case(64, n_kv, 8, 2, 1, seed=3, n_ctx=-(-(n_kv + 1) // 8) * 8 if n_kv < 2000 else None)  # aligned rows: fast
     g, out = compute(case)
-    assert flash_steps(g.plan)[0].choice.fused == (n_kv == 600)
+    assert flash_steps(g.plan)[0].choice.fused == (n_kv < 2000)
+    assert flash_steps(g.plan)[0].choice.cluster == (5 if n_kv == 300 else 0)
     rng = np.random.default_rng(7)
     for _ in range(4):
         q = rng.standard_normal(case.q.shape)
@@ -307,16 +324,19 @@ def test_flash_replays_with_new_inputs(n_kv):
 
 @cuda
 @pytest.mark.parametrize("v", ["t", "pos"])
-@pytest.mark.parametrize("n_ctx", [1503, 1504], ids=["generic", "fast"])
+@pytest.mark.parametrize("n_ctx", [1503, 1504, 504], ids=["generic", "fast", "cluster"])
 def test_flash_masked_rows_and_skipped_chunks(n_ctx, v):
-    """A fully masked row gives zeros (as the unfused softmax); chunks that are wholly masked are
-    not read, so NaN stored there does not reach the output; NaN at a visible position does."""
-    case = Case(64, 1500, 4, 4, 2, seed=5, n_ctx=n_ctx, v=v)
+    """A fully masked row gives zeros (as the unfused softmax); chunks that are wholly masked
+    never reach the output (not read, or with a cluster's early tiles read and unused), so NaN
+    stored there does not either; NaN at a visible position does."""
+    n_kv = min(1500, n_ctx - 4)
+    case = Case(64, n_kv, 4, 4, 2, seed=5, n_ctx=n_ctx, v=v)
+    seen = n_kv * 2 // 5
     case.mask[0, :] = -np.inf            # token 0 sees nothing
-    case.mask[1, 600:] = -np.inf         # token 1 sees only the first 600 positions
+    case.mask[1, seen:] = -np.inf        # token 1 sees only the first positions
     ref = case.reference()
-    case.k[1100:1400] = np.nan           # ... and whole chunks past them hold NaN
-    case.v[:, :, 1100:1400] = np.nan
+    case.k[seen + 200:seen + 500] = np.nan  # ... and whole chunks past them hold NaN
+    case.v[:, :, seen + 200:seen + 500] = np.nan
     g, out = compute(case)
     got = out.numpy().reshape(case.nh, 2, case.hd)
     assert (got[:, 0, :] == 0).all()

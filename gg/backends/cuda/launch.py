@@ -187,7 +187,8 @@ class Launch:
     """One kernel launch on the runtime's stream."""
 
     def __init__(self, rt, file: str, name: str, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 args: Args, smem: int = 0, what: str = ""):
+                 args: Args, smem: int = 0, what: str = "", cluster: int = 0):
+        """`cluster` > 0 (sm_90+): blocks along x form clusters of that many (grid x a multiple)."""
         self.rt = rt
         self.name = name
         self.what = what or name
@@ -197,16 +198,26 @@ class Launch:
         self.args = args  # keeps the argument storage alive
         params = args.address()
         self.params = (self.fn, *grid, *block, smem, rt.stream, params, 0)
-        self.ex_params = None  # set: launch with cuLaunchKernelEx (overlapped launches)
-        if overlapped_launches(rt, file):  # the config object is built once, here
+        self.ex_params = None  # set: launch with cuLaunchKernelEx (overlapped launches, clusters)
+        attrs = []
+        if overlapped_launches(rt, file):
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        if cluster:
+            if grid[0] % cluster:
+                raise ValueError(f"{name}: grid x {grid[0]} is no multiple of the cluster size {cluster}")
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            attrs.append(attr)
+        if attrs:  # the config object is built once, here
             cfg = cu.CUlaunchConfig()
             cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
             cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
             cfg.sharedMemBytes, cfg.hStream = smem, rt.stream
-            attr = cu.CUlaunchAttribute()
-            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            cfg.attrs, cfg.numAttrs = [attr], 1
+            cfg.attrs, cfg.numAttrs = attrs, len(attrs)
             self.ex_params = (cfg, self.fn, params, 0)
 
     def set_stream(self, stream) -> None:

@@ -34,11 +34,18 @@ THREADS = 128
 COMBINE_THREADS, COMBINE_OUT = 128, 32
 FUSE_MAX = 16             # chunks per row the in-kernel combine can take (kernels/attn.cu FA_FUSE_SPLITS)
 FUSE_SPLITS = FUSE_MAX    # fast builds with at most this many chunks per row combine in their last block
+MAX_CLUSTER = 8           # the portable cluster size (kernels/attn.cu FA_CLUSTER_MAX bounds CLUSTER_MAX)
+# sm_90: a fused step with at most this many chunks per row (a short context: n_kv <= 512) launches
+# each head group's blocks as one cluster, which combines in shared memory (kernels/attn.cu
+# flash_cluster_finish) instead of through the workspace, a fence and a ticket; 0: never
+CLUSTER_MAX = 8
+EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
 BLOCKS_PER_SM = 4
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_CHUNK": FAST_CHUNK, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
                        "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
+                       "FA_CLUSTER_MAX": MAX_CLUSTER,
                        "GG_FOR_FA_FAST(X, ...)": " ".join(f"X({nh}, {hd}, __VA_ARGS__)"
                                                           for nh, hd in product(HEADS, FAST_HD))}}
 
@@ -50,6 +57,8 @@ class FlashKernel(Kernel):
     chunk: int   # positions per block (fast builds; the generic build picks one for the device's SMs)
     v_pos: bool = False  # V position-major (head dim contiguous): the *_vpos fast builds, the generic flag
     fused: bool = False  # the last block of each head group combines (kernels/attn.cu flash_finish)
+    cluster: int = 0     # > 0: on sm_90+ the `cluster` chunks of a head group combine as one cluster
+                         # instead (flash_cluster_finish; older devices: the fused combine)
 
     def runs(self) -> tuple[tuple[str, str], ...]:
         return ((self.file, self.symbol),) if self.fused else ((self.file, self.symbol), (self.file, "flash_combine"))
@@ -116,9 +125,10 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
             and (_pos_rows_aligned(v) if v_pos else rows_aligned(v))):
         nh = heads_per_block(kqv.ne[2], k.ne[2])
         fused = fast_splits <= FUSE_SPLITS
+        cluster = fast_splits if fused and fast_splits <= min(CLUSTER_MAX, MAX_CLUSTER) else 0
         groups = kqv.ne[2] // nh * q.ne[1] * kqv.ne[3]  # the grid's y * z: one counter each
         return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}" + ("_vpos" if v_pos else ""), True,
-                           nh, FAST_CHUNK, v_pos, fused, scratch=4 * rows * fast_splits * (2 + hd) + O_ALIGN,
+                           nh, FAST_CHUNK, v_pos, fused, cluster, scratch=4 * rows * fast_splits * (2 + hd) + O_ALIGN,
                            table=4 * groups if fused else 0)
     fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
@@ -139,6 +149,7 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
         chunk, smem = next((c for c in fits if -(-n_kv // c) * out.ne[2] * tokens >= want), fits[-1]), 0
     splits = -(-n_kv // chunk)
     ws = scratch(step)  # (m, l) and o of every chunk of every row
+    cl = bool(kern.cluster) and rt.cc >= (9, 0)
     args = Args().tensor(out).tensor(q).tensor(k).tensor(v)
     if mask is not None:
         args.tensor(mask).i32(code(mask))
@@ -146,11 +157,12 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
         args.none().i32(0)
     args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk),
                 np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]),
-                np.int32(launch.L2_PREFETCH and kern.fast), np.int32(kern.v_pos))
+                np.int32(launch.L2_PREFETCH and kern.fast), np.int32(kern.v_pos), np.int32(cl),
+                np.int32(cl and EARLY_TILES))
     args.ptr(ws)
     args.ptr(table(step, np.zeros(kern.table // 4, np.int32)) if kern.fused else 0)  # the counters start at zero
     chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,
-                    smem=smem, what=what)
+                    smem=smem, what=what, cluster=kern.cluster if cl else 0)
     if kern.fused:
         return [chunks]
     combine = Launch(rt, kern.file, "flash_combine", (out.ne[2] * tokens, -(-hd // COMBINE_OUT), 1),

@@ -31,11 +31,13 @@ MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec builds (decode)
 MMV_BLOCK = 128          # threads per mat-vec block
 MMV_BATCH = 4            # 16-byte loads a thread of the one-column build issues before using them
 MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
+MMVW_BATCH = 2           # 16-byte loads of a row a thread of it issues before using them
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
+                          "MMVW_BATCH": MMVW_BATCH,
                           "MMVW_NORM_ROWS": MMVW_NORM_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
                           "MM_BN": TILE}}
 

@@ -26,7 +26,7 @@ from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, code
 
 MAX_MEMBERS = 8    # products one step computes (kernels/siblings.cu SIB_MAX)
 ROWS = 2           # weight rows per block: each x (and norm weight) element loaded serves both
-ACT_ROWS = 1       # SwiGLU: rows of each of the gate and up weights per block
+ACT_ROWS = 2       # SwiGLU: rows of each of the gate and up weights per block (H200: 2 beats 1)
 THREADS = 256      # most threads per block
 BATCH = 2          # 16-byte weight loads per row a thread issues before using them
 PROLOGUE = ("rms_norm", "mul")

@@ -73,6 +73,10 @@ struct FaArgs {
     int r2, r3;       // query heads (dim-3 batches) per K/V head: n_head / n_kv_head (host-divided)
     int pre;          // fast path: prefetch the block's K and V tiles into L2 before the wait
     int vpos;         // V position-major (head dim contiguous): the generic path's P·V loop order
+    int cl;           // fast path, sm_90: the gridDim.x chunks of a head group are one cluster and
+                      // combine through their shared memory (flash_cluster_finish); no workspace
+    int early;        // with cl: the K and V copies go out with the q and mask loads, before the
+                      // mask says whether the chunk is visible (its tiles are read either way)
 };
 
 // Sum acc[0..N) over the lanes lane ^ o, o = 16, 8, .., G (the lanes of a warp G apart), by a
@@ -99,6 +103,8 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
 // VP (fast path): V position-major, its tile staged like K's ([FA_CHUNK][HD]).
 template <class TK, int NH, int HD>
 __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt, char* smem);
+template <int NH, int HD>
+__device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, const float* ml, const float* o);
 
 // Where the workspace's o (per row and chunk) starts, after the (m, l) pairs: FA_O_ALIGN-byte
 // aligned so a head group's o can be copied with 16-byte cp.async (the host's scratch has
@@ -120,6 +126,8 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     extern __shared__ __align__(16) char dyn[];
     __shared__ float qs[NH][FAST ? 1 : FA_MAX_HD];  // q (generic path; the fast path keeps it in registers)
     __shared__ float sc[NH][SC];                  // the mask, then the scores, then e^(s - m)
+    __shared__ float cml[NH][2];                  // cluster combine: this chunk's (m, l) and o per head
+    __shared__ __align__(16) float co[FAST ? NH * HD : 1];
     const float NEG_INF = -__int_as_float(0x7f800000);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hd = FAST ? HD : (int)kd.ne[0];
@@ -140,7 +148,49 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     float* ws_ml = ws;
     float* ws_o = ws + fa_o_base(R, S);
     auto row_of = [&](int hh) -> i64 { return (i64)blockIdx.z * d.ne[2] + h0 + hh; };
+    // where this chunk's (m, l) and o of head hh go: the workspace, or (cl) shared memory
+    const bool cl = GG_CLUSTERS && FAST && p.cl;
+    auto ml_at = [&](int hh) -> float* { return cl ? cml[hh] : ws_ml + (row_of(hh) * S + split) * 2; };
+    auto o_at = [&](int hh) -> float* { return cl ? co + hh * hd : ws_o + (row_of(hh) * S + split) * hd; };
     auto diag = [&](i64 j) -> bool { return p.n_past >= 0 && j > (i64)p.n_past + t; };
+
+    // fast path: every K and V byte of the chunk in flight at once (V positions past len
+    // zero-filled), as two cp.async groups (K, then V)
+    constexpr int KROW = FAST ? HD * (int)sizeof(TK) : 16, VROW = FA_CHUNK * (int)sizeof(TK);  // tile row bytes
+    char* Ks = dyn;
+    char* Vs = dyn + FA_CHUNK * KROW;
+    auto copy_tiles = [&]() {
+        constexpr int KP = KROW / 16, VP_ = VROW / 16;  // 16-byte pieces per tile row
+#pragma unroll
+        for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
+            const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
+            if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
+        }
+        cp_async_commit();
+        if constexpr (VP) {  // like K; rows past len zero-filled (their weight is 0, 0 * NaN is not)
+#pragma unroll
+            for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
+                const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
+                const bool in = r < len;
+                cp_async16(Vs + r * KROW + c * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
+            }
+        } else {
+            const char* v0 = vb + j0 * (i64)sizeof(TK);
+            const int vlen = len * (int)sizeof(TK);
+#pragma unroll
+            for (int i = 0; i < HD * VP_ / FA_THREADS; ++i) {
+                const int e = tid + i * FA_THREADS, dd = e / VP_, c = e % VP_;
+                const int n = max(0, min(16, vlen - c * 16));
+                cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
+            }
+        }
+        cp_async_commit();
+    };
+    // short contexts (cl): the tiles' round trip overlaps the mask's, at the price of reading the
+    // tiles of chunks nobody sees (at most the cluster's 8 chunks a head group)
+    const bool early = FAST && cl && p.early;
+    if constexpr (FAST)
+        if (early) copy_tiles();
 
     // fast path: lane gl of a K-row group of TPP lanes owns q elements [8 gl, 8 gl + 8) of each head
     constexpr int TPP = FAST ? (HD / 8 > NH ? HD / 8 : NH) : 32;
@@ -180,38 +230,10 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             const float x = diag(j0 + jj) ? NEG_INF : p.cx * dot + sc[hh][jj];
             return p.post * x;
         };
-        constexpr int KROW = HD * (int)sizeof(TK), VROW = FA_CHUNK * (int)sizeof(TK);  // tile row bytes
-        char* Ks = dyn;
-        char* Vs = dyn + FA_CHUNK * KROW;
         // ---- scores: TPP lanes per K row, reduced by a reduce-scatter over the group
         const int writer = (gl & (TPP / NH - 1)) == 0;
         if constexpr (FAST) {
-            // every K and V byte of the chunk in flight at once (V positions past len zero-filled)
-            constexpr int KP = KROW / 16, VP_ = VROW / 16;  // 16-byte pieces per tile row
-#pragma unroll
-            for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
-                const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
-                if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
-            }
-            cp_async_commit();
-            if constexpr (VP) {  // like K; rows past len zero-filled (their weight is 0, 0 * NaN is not)
-#pragma unroll
-                for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
-                    const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
-                    const bool in = r < len;
-                    cp_async16(Vs + r * KROW + c * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
-                }
-            } else {
-                const char* v0 = vb + j0 * (i64)sizeof(TK);
-                const int vlen = len * (int)sizeof(TK);
-#pragma unroll
-                for (int i = 0; i < HD * VP_ / FA_THREADS; ++i) {
-                    const int e = tid + i * FA_THREADS, dd = e / VP_, c = e % VP_;
-                    const int n = max(0, min(16, vlen - c * 16));
-                    cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
-                }
-            }
-            cp_async_commit();
+            if (!early) copy_tiles();
             cp_async_wait<1>();  // the K tile
             __syncthreads();
             constexpr int GROUPS = FA_THREADS / TPP;
@@ -268,8 +290,8 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             }
             l = warp_sum(l);
             if (lane == 0) {
-                ws_ml[(row_of(hh) * S + split) * 2] = m;
-                ws_ml[(row_of(hh) * S + split) * 2 + 1] = l;
+                ml_at(hh)[0] = m;
+                ml_at(hh)[1] = l;
             }
         }
         if (FAST) cp_async_wait<0>();  // the V tile
@@ -309,7 +331,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 #pragma unroll
                 for (int i = 0; i < KEEP; ++i) {
                     const int x = base + i;
-                    ws_o[(row_of(hw * HPW + x / 8) * S + split) * HD + dg * 8 + x % 8] = acc[i];
+                    o_at(hw * HPW + x / 8)[dg * 8 + x % 8] = acc[i];
                 }
             } else {
                 float* red = (float*)Ks;  // [PW][NH][HD]
@@ -323,7 +345,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                     float o = 0.0f;
 #pragma unroll
                     for (int w = 0; w < PW; ++w) o += red[w * NH * HD + e];
-                    ws_o[(row_of(e / HD) * S + split) * HD + e % HD] = o;
+                    o_at(e / HD)[e % HD] = o;
                 }
             }
         } else if constexpr (FAST) {  // V rows run over positions: VL lanes cover a tile row, 8 positions each
@@ -349,7 +371,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 }
                 int hh;
                 const float o = group_sum_scatter<NH, VL>(acc, lane, hh);
-                if (vwriter) ws_o[(row_of(hh) * S + split) * HD + dd] = o;
+                if (vwriter) o_at(hh)[dd] = o;
             }
         } else if (p.vpos) {  // any strides, the head dim contiguous: a thread per dd, positions in turn
             for (int dd = tid; dd < hd; dd += FA_THREADS) {
@@ -382,12 +404,14 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
     } else {  // nothing visible: m = -inf marks the chunk empty (weight 0, o = 0)
         if (tid < NH) {
-            ws_ml[(row_of(tid) * S + split) * 2] = NEG_INF;
-            ws_ml[(row_of(tid) * S + split) * 2 + 1] = 0.0f;
+            ml_at(tid)[0] = NEG_INF;
+            ml_at(tid)[1] = 0.0f;
         }
-        for (int e = tid; e < NH * hd; e += FA_THREADS) ws_o[(row_of(e / hd) * S + split) * hd + e % hd] = 0.0f;
+        for (int e = tid; e < NH * hd; e += FA_THREADS) o_at(e / hd)[e % hd] = 0.0f;
+        if (early) cp_async_wait<0>();  // no copy may land in a block that has left
     }
-    if (cnt) flash_finish<TK, NH, HD>(dst, d, ws, cnt, dyn);
+    if (cl) flash_cluster_finish<NH, HD>(dst, d, &cml[0][0], co);
+    else if (cnt) flash_finish<TK, NH, HD>(dst, d, ws, cnt, dyn);
 }
 
 // The fused combine: every block publishes its chunk's (m, l, o) and takes a ticket; the last of a
@@ -465,6 +489,61 @@ __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* w
             }
         }
     }
+}
+
+// The cluster's combine (cl): the gridDim.x blocks of a head group are one cluster, each holding
+// its chunk's (m, l) per head in `ml` ([NH][2]) and o in `o` ([NH][HD]) in its shared memory. After
+// a cluster barrier every block reads all chunks' (m, l) and combines a 1/gridDim.x slice of the
+// group's NH * HD outputs from the chunks' o (loads of the other blocks' shared memory, no
+// workspace, fence or ticket); a second barrier keeps each block's shared memory alive until the
+// others have read it.
+template <int NH, int HD>
+__device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, const float* ml, const float* o) {
+#if GG_CLUSTERS
+    if constexpr (HD > 0) {
+        constexpr int MAXC = FA_CLUSTER_MAX;
+        __shared__ float w[NH * MAXC], lw[NH * MAXC];
+        const float NEG_INF = -__int_as_float(0x7f800000);
+        const int tid = threadIdx.x, S = (int)gridDim.x;
+        const unsigned me = cluster_rank();
+        cluster_sync();  // every chunk's (m, l, o) in its block's shared memory
+        if (tid < NH * S) {  // thread i: chunk i % S of head i / S
+            const int hh = tid / S, c = tid - hh * S;
+            w[tid] = ld_cluster(ml + 2 * hh, (unsigned)c);
+            lw[tid] = ld_cluster(ml + 2 * hh + 1, (unsigned)c);
+        }
+        __syncthreads();
+        float M = NEG_INF;
+        if (tid < NH * S)
+            for (int c = 0; c < S; ++c) M = max_nan(M, w[tid / S * S + c]);
+        __syncthreads();  // every maximum taken before the weights replace the m
+        if (tid < NH * S) {
+            const float m = w[tid], e = m == NEG_INF ? 0.0f : expf(m - M);  // an empty chunk: weight 0
+            w[tid] = e;
+            lw[tid] *= e;
+        }
+        __syncthreads();
+        const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
+        const int per = (NH * HD + S - 1) / S, e0 = (int)me * per, e1 = min(NH * HD, e0 + per);
+        for (int e = e0 + tid; e < e1; e += FA_THREADS) {
+            const int hh = e / HD, dd = e - hh * HD;
+            float ov[MAXC];
+#pragma unroll
+            for (int c = 0; c < MAXC; ++c) ov[c] = c < S ? ld_cluster(o + e, (unsigned)c) : 0.0f;  // all in flight
+            float acc = 0.0f, L = 0.0f;
+#pragma unroll
+            for (int c = 0; c < MAXC; ++c)
+                if (c < S) {
+                    acc += w[hh * S + c] * ov[c];
+                    L += lw[hh * S + c];
+                }
+            const int h = (int)blockIdx.y * NH + hh;
+            *(float*)(dst + dd * d.nb[0] + t * d.nb[1] + h * d.nb[2] + i3 * d.nb[3]) =
+                L == 0.0f ? 0.0f : acc / L;  // fully masked: zeros
+        }
+        cluster_sync();  // the others are done reading this block's shared memory
+    }
+#endif
 }
 
 // The chunks of each row (query head of a token) combined: block (row, FC_OUT outputs), threads

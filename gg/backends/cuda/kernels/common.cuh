@@ -415,3 +415,30 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 #else
 #define GG_BULK_COPY 0
 #endif
+
+// Thread block clusters (sm_90): the blocks of a cluster run at once on one GPC and read each
+// other's shared memory, so partial results meet there instead of through global memory, a fence
+// and an atomic ticket. cluster_sync is a barrier over every thread of the cluster (all threads of
+// each block call it) that also orders their shared-memory writes before the reads after it.
+// Callers test GG_CLUSTERS (sm_80 builds have none of these; the host launches no clusters there).
+#if __CUDA_ARCH__ >= 900
+#define GG_CLUSTERS 1
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// `p` (in this block's shared memory) as it lies in the shared memory of the cluster's block `rank`
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    unsigned a;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+#else
+#define GG_CLUSTERS 0
+#endif

@@ -13,7 +13,7 @@
 // fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
 // `r` (F32, dst's shape, or null) is added to the result: the fused mul_mat -> add of a residual
 // connection, one launch and one pass over dst less.
-// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
+// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
 // host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
@@ -90,7 +90,6 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // machine even on a short wave of rows. `pre` (no batches): the block's weight row is requested
 // into L2 before the wait for the predecessor (the decode step's wo, behind the latency-bound
 // flash_combine: wo's step 13.3 -> 12.3 us inside the replayed graph on the H100).
-#define MMVW_BATCH 2
 
 //
 // NORM (the planner's rms_norm -> mul -> mul_mat, a decode step's normalized input): b is the raw
