@@ -148,10 +148,22 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     float* ws_ml = ws;
     float* ws_o = ws + fa_o_base(R, S);
     auto row_of = [&](int hh) -> i64 { return (i64)blockIdx.z * d.ne[2] + h0 + hh; };
-    // where this chunk's (m, l) and o of head hh go: the workspace, or (cl) shared memory
+    // this chunk's (m, l) and o[i] of head hh: to the workspace, or (cl) to shared memory (each
+    // store names its state space: a pointer that may be either would make it a generic one)
     const bool cl = GG_CLUSTERS && FAST && p.cl;
-    auto ml_at = [&](int hh) -> float* { return cl ? cml[hh] : ws_ml + (row_of(hh) * S + split) * 2; };
-    auto o_at = [&](int hh) -> float* { return cl ? co + hh * hd : ws_o + (row_of(hh) * S + split) * hd; };
+    auto put_ml = [&](int hh, float m, float l) {
+        if (cl) {
+            cml[hh][0] = m;
+            cml[hh][1] = l;
+        } else {
+            ws_ml[(row_of(hh) * S + split) * 2] = m;
+            ws_ml[(row_of(hh) * S + split) * 2 + 1] = l;
+        }
+    };
+    auto put_o = [&](int hh, int i, float v) {
+        if (cl) co[hh * hd + i] = v;
+        else ws_o[(row_of(hh) * S + split) * hd + i] = v;
+    };
     auto diag = [&](i64 j) -> bool { return p.n_past >= 0 && j > (i64)p.n_past + t; };
 
     // fast path: every K and V byte of the chunk in flight at once (V positions past len
@@ -289,10 +301,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 l += e;
             }
             l = warp_sum(l);
-            if (lane == 0) {
-                ml_at(hh)[0] = m;
-                ml_at(hh)[1] = l;
-            }
+            if (lane == 0) put_ml(hh, m, l);
         }
         if (FAST) cp_async_wait<0>();  // the V tile
         __syncthreads();
@@ -331,7 +340,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 #pragma unroll
                 for (int i = 0; i < KEEP; ++i) {
                     const int x = base + i;
-                    o_at(hw * HPW + x / 8)[dg * 8 + x % 8] = acc[i];
+                    put_o(hw * HPW + x / 8, dg * 8 + x % 8, acc[i]);
                 }
             } else {
                 float* red = (float*)Ks;  // [PW][NH][HD]
@@ -345,7 +354,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                     float o = 0.0f;
 #pragma unroll
                     for (int w = 0; w < PW; ++w) o += red[w * NH * HD + e];
-                    o_at(e / HD)[e % HD] = o;
+                    put_o(e / HD, e % HD, o);
                 }
             }
         } else if constexpr (FAST) {  // V rows run over positions: VL lanes cover a tile row, 8 positions each
@@ -371,7 +380,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 }
                 int hh;
                 const float o = group_sum_scatter<NH, VL>(acc, lane, hh);
-                if (vwriter) o_at(hh)[dd] = o;
+                if (vwriter) put_o(hh, dd, o);
             }
         } else if (p.vpos) {  // any strides, the head dim contiguous: a thread per dd, positions in turn
             for (int dd = tid; dd < hd; dd += FA_THREADS) {
@@ -385,7 +394,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                     for (int hh = 0; hh < NH; ++hh) acc[hh] += sc[hh][jj] * x;
                 }
 #pragma unroll
-                for (int hh = 0; hh < NH; ++hh) ws_o[(row_of(hh) * S + split) * hd + dd] = acc[hh];
+                for (int hh = 0; hh < NH; ++hh) put_o(hh, dd, acc[hh]);
             }
         } else {  // any strides: a warp per row, lanes over positions
             for (int dd = warp; dd < hd; dd += FA_WARPS) {
@@ -399,19 +408,34 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 }
                 int hh;
                 const float o = group_sum_scatter<NH, 32>(acc, lane, hh);
-                if ((lane & (32 / NH - 1)) == 0) ws_o[(row_of(hh) * S + split) * hd + dd] = o;
+                if ((lane & (32 / NH - 1)) == 0) put_o(hh, dd, o);
             }
         }
     } else {  // nothing visible: m = -inf marks the chunk empty (weight 0, o = 0)
-        if (tid < NH) {
-            ml_at(tid)[0] = NEG_INF;
-            ml_at(tid)[1] = 0.0f;
-        }
-        for (int e = tid; e < NH * hd; e += FA_THREADS) o_at(e / hd)[e % hd] = 0.0f;
+        if (tid < NH) put_ml(tid, NEG_INF, 0.0f);
+        for (int e = tid; e < NH * hd; e += FA_THREADS) put_o(e / hd, e % hd, 0.0f);
         if (early) cp_async_wait<0>();  // no copy may land in a block that has left
     }
     if (cl) flash_cluster_finish<NH, HD>(dst, d, &cml[0][0], co);
     else if (cnt) flash_finish<TK, NH, HD>(dst, d, ws, cnt, dyn);
+}
+
+// The chunk weights of a head group's rows, thread i < n (= heads * S) taking entry i = (head,
+// chunk): on entry w[i] is the chunk's max m and lw[i] its sum l (published by a barrier), on
+// return w[i] = e^(m - M) with M the head's max over its S chunks (0 for an empty chunk) and lw[i]
+// = l * w[i]; the caller's next barrier publishes them.
+__device__ __forceinline__ void chunk_weights(float* w, float* lw, int n, int S) {
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    const int tid = threadIdx.x;
+    float M = NEG_INF;
+    if (tid < n)
+        for (int c = 0; c < S; ++c) M = max_nan(M, w[tid / S * S + c]);
+    __syncthreads();  // every maximum taken before the weights replace the m
+    if (tid < n) {
+        const float m = w[tid], e = m == NEG_INF ? 0.0f : expf(m - M);  // an empty chunk: weight 0
+        w[tid] = e;
+        lw[tid] *= e;
+    }
 }
 
 // The fused combine: every block publishes its chunk's (m, l, o) and takes a ticket; the last of a
@@ -441,7 +465,6 @@ __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* w
         __syncthreads();
         if (!last) return;
         __threadfence();
-        const float NEG_INF = -__int_as_float(0x7f800000);
         const i64 R = (i64)gridDim.z * d.ne[2];
         const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
         const i64 row0 = (i64)blockIdx.z * d.ne[2] + (i64)blockIdx.y * NH;  // the group's first row
@@ -459,15 +482,7 @@ __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* w
             lw[tid] = __ldcg(ml + 2 * tid + 1);
         }
         __syncthreads();
-        float M = NEG_INF;
-        if (tid < NH * S)
-            for (int c = 0; c < S; ++c) M = max_nan(M, w[tid / S * S + c]);
-        __syncthreads();  // every maximum taken before the weights replace the m
-        if (tid < NH * S) {
-            const float m = w[tid], e = m == NEG_INF ? 0.0f : expf(m - M);  // an empty chunk: weight 0
-            w[tid] = e;
-            lw[tid] *= e;
-        }
+        chunk_weights(w, lw, NH * S, S);
 #pragma unroll 1
         for (int h0 = 0; h0 < NH; h0 += PH) {
             cp_async_wait<0>();
@@ -503,7 +518,6 @@ __device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, 
     if constexpr (HD > 0) {
         constexpr int MAXC = FA_CLUSTER_MAX;
         __shared__ float w[NH * MAXC], lw[NH * MAXC];
-        const float NEG_INF = -__int_as_float(0x7f800000);
         const int tid = threadIdx.x, S = (int)gridDim.x;
         const unsigned me = cluster_rank();
         cluster_sync();  // every chunk's (m, l, o) in its block's shared memory
@@ -513,15 +527,7 @@ __device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, 
             lw[tid] = ld_cluster(ml + 2 * hh + 1, (unsigned)c);
         }
         __syncthreads();
-        float M = NEG_INF;
-        if (tid < NH * S)
-            for (int c = 0; c < S; ++c) M = max_nan(M, w[tid / S * S + c]);
-        __syncthreads();  // every maximum taken before the weights replace the m
-        if (tid < NH * S) {
-            const float m = w[tid], e = m == NEG_INF ? 0.0f : expf(m - M);  // an empty chunk: weight 0
-            w[tid] = e;
-            lw[tid] *= e;
-        }
+        chunk_weights(w, lw, NH * S, S);
         __syncthreads();
         const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
         const int per = (NH * HD + S - 1) / S, e0 = (int)me * per, e1 = min(NH * HD, e0 + per);
