@@ -4,7 +4,7 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
+        [--no-epilogue] [--quant-epilogue] [--no-lone-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
         [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--total", action="store_true", help="the whole plan's replay only")
     ap.add_argument("--no-epilogue", action="store_true", help="rope and KV writes as steps of their own")
     ap.add_argument("--quant-epilogue", action="store_true", help="the epilogue on quantized weights too")
+    ap.add_argument("--no-lone-epilogue", action="store_true", help="siblings.LONE_EPILOGUE off (rope and "
+                    "writes as steps of their own after quantized products)")
     ap.add_argument("--no-stream", action="store_true", help="mul_mat_vec1 for every one-column product")
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
@@ -92,6 +94,8 @@ def main() -> None:
     from gg.backends.cuda.families import blocks, siblings
     if a.no_epilogue:
         siblings.EPILOGUE_OPS = ()
+    if a.no_lone_epilogue:
+        siblings.LONE_EPILOGUE = False
     if a.quant_epilogue:  # (switches set module constants only when asked: older trees lack them)
         siblings.QUANT_EPILOGUE = True
     if a.no_stream:
