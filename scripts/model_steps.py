@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--fa-cluster", type=int, default=None, help="attention.CLUSTER_MAX (0: no cluster combine)")
     ap.add_argument("--no-early-tiles", action="store_true", help="attention.EARLY_TILES off")
     ap.add_argument("--mmvw-batch", type=int, default=None, help="matmul.MMVW_BATCH (the wide mat-vec's loads in flight)")
+    ap.add_argument("--mmvw-rows", type=int, default=None, help="matmul.MMVW_ROWS (the plain wide mat-vec's rows a block)")
     ap.add_argument("--sib-batch", type=int, default=None, help="siblings.BATCH (the F16 sibling builds' loads in flight)")
     ap.add_argument("--sib-act-rows", type=int, default=None, help="siblings.ACT_ROWS (SwiGLU rows of each weight a block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
@@ -114,7 +115,8 @@ def main() -> None:
         if a.no_early_tiles:
             attention.EARLY_TILES = False
     from gg.backends.cuda.families import matmul
-    for mod, name, define, n in ((matmul, "MMVW_BATCH", "MMVW_BATCH", a.mmvw_batch), (siblings, "BATCH", "SIB_BATCH", a.sib_batch),
+    for mod, name, define, n in ((matmul, "MMVW_BATCH", "MMVW_BATCH", a.mmvw_batch), (matmul, "MMVW_ROWS", "MMVW_ROWS", a.mmvw_rows),
+                                 (siblings, "BATCH", "SIB_BATCH", a.sib_batch),
                                  (siblings, "ACT_ROWS", "SIB_ACT_ROWS", a.sib_act_rows)):
         if n is not None:  # a kernel constant the host passes to NVRTC
             setattr(mod, name, n)
