@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--fa-cluster", type=int, default=None, help="attention.CLUSTER_MAX (0: no cluster combine)")
     ap.add_argument("--no-early-tiles", action="store_true", help="attention.EARLY_TILES off")
     ap.add_argument("--mmvw-batch", type=int, default=None, help="matmul.MMVW_BATCH (the wide mat-vec's loads in flight)")
+    ap.add_argument("--argmax-cluster", type=int, default=None, help="reduce.CLUSTER (0: one block a row)")
     ap.add_argument("--mmvw-rows", type=int, default=None, help="matmul.MMVW_ROWS (the plain wide mat-vec's rows a block)")
     ap.add_argument("--sib-batch", type=int, default=None, help="siblings.BATCH (the F16 sibling builds' loads in flight)")
     ap.add_argument("--sib-act-rows", type=int, default=None, help="siblings.ACT_ROWS (SwiGLU rows of each weight a block)")
@@ -95,6 +96,9 @@ def main() -> None:
     from gg.backends.cuda.families import blocks, siblings
     if a.no_epilogue:
         siblings.EPILOGUE_OPS = ()
+    if a.argmax_cluster is not None:
+        from gg.backends.cuda.families import reduce
+        reduce.CLUSTER = a.argmax_cluster
     if a.no_lone_epilogue:
         siblings.LONE_EPILOGUE = False
     if a.quant_epilogue:  # (switches set module constants only when asked: older trees lack them)
