@@ -250,6 +250,8 @@ CASES = {
     "gqa2-bf16-d64-fast": dict(hd=64, n_kv=200, nh=4, nkv=2, T=3, dtype="bf16", n_ctx=256),
     "mha-diag-d64-fast": dict(hd=64, n_kv=130, nh=3, nkv=3, T=2, form="diag", n_ctx=136),
     "ext-f16-mask-fast": dict(hd=128, n_kv=65, nh=2, nkv=2, T=1, form="ext", n_ctx=72),
+    "t8-gqa8-short": dict(hd=128, n_kv=500, nh=16, nkv=2, T=8, n_ctx=504),          # 8 tokens, 8 chunks
+    "v-pos-d128-gqa8-short": dict(hd=128, n_kv=300, nh=32, nkv=4, T=1, v="pos", n_ctx=304),
 }
 
 
