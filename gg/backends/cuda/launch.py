@@ -206,8 +206,7 @@ class Launch:
             attr.value.programmaticStreamSerializationAllowed = 1
             attrs.append(attr)
         if cluster:
-            if grid[0] % cluster:
-                raise ValueError(f"{name}: grid x {grid[0]} is no multiple of the cluster size {cluster}")
+            assert grid[0] % cluster == 0, f"{name}: grid x {grid[0]} is no multiple of the cluster size {cluster}"
             attr = cu.CUlaunchAttribute()
             attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
