@@ -87,6 +87,15 @@ def test_fuzz_cuda(prog):
     check_program(prog, ("cuda", "cpu"))
 
 
+@fuzz
+@given(prog=programs())
+def test_fuzz_cuda_shaped(prog):
+    """CUDA's plans (its fusions, epilogues, siblings, moved writes, elided conts, arena offsets)
+    computed by the CPU's kernels on any machine (tests/cuda_shaped_backend.py)."""
+    import cuda_shaped_backend  # noqa: F401  (registers "cudalike")
+    check_program(prog, ("cudalike", "cpu"))
+
+
 # Products and what surrounds them in a transformer (norms, activations, residuals, row gathers,
 # views): more mul_mat nodes a program, so quantized weights (fuzz_graphs.QUANTS) occur in every run.
 MATMUL_OPS = ("mul_mat", "mul_mat", "add", "mul", "scale", "silu", "rms_norm", "get_rows", "cont", "permute",
@@ -104,6 +113,13 @@ def test_fuzz_mul_mat_cpu(prog):
 @given(prog=programs(ops=MATMUL_OPS, max_ops=12, quant=0.6))
 def test_fuzz_mul_mat_cuda(prog):
     check_program(prog, ("cuda", "cpu"))
+
+
+@fuzz
+@given(prog=programs(ops=MATMUL_OPS, max_ops=12, quant=0.6))
+def test_fuzz_mul_mat_cuda_shaped(prog):
+    import cuda_shaped_backend  # noqa: F401  (registers "cudalike")
+    check_program(prog, ("cudalike", "cpu"))
 
 
 # ---- bugs the fuzzer found, shrunk by hand and fixed (kept as regression tests) ----

@@ -346,3 +346,31 @@ def test_cache_rows_aligned_for_the_fast_attention(tmp_path, rng, n_ctx):
     assert all(s.kernel == "flash_attn_f16_h2_d64" and s.choice.cluster == -(-m.cfg.n_ctx // 64) for s in flash)
     with pytest.raises(gg.GGError, match="n_ctx"):
         m._prefill(np.zeros(n_ctx + 1, np.int32), "last", "logits")
+
+
+@pytest.mark.parametrize("arch,quant,dims", [
+    ("llama", True, {}),                                                        # mixed block types
+    ("llama", False, dict(n_embd=256, n_head=4, n_head_kv=2, n_ff=320)),         # F16: the epilogues
+    ("qwen2", False, dict(n_embd=256, n_head=4, n_head_kv=1, n_ff=320)),         # QKV bias, MQA
+])
+def test_cuda_plans_compute_the_cpu_values(tmp_path, rng, arch, quant, dims):
+    """A model's prefill and decode planned as for CUDA (the "cudalike" test backend: CUDA's
+    fusions, siblings, epilogues, moved writes and arena offsets, computed by the CPU kernels,
+    tests/cuda_shaped_backend.py) give the CPU plans' logits: the planner's CUDA decisions are
+    legal on any machine (the kernels are checked on the GPU)."""
+    import cuda_shaped_backend  # noqa: F401  (registers "cudalike")
+    path, _, _ = make_model(tmp_path, rng, arch=arch, quant=quant, **dims)
+    ids = [int(i) for i in rng.integers(0, len(byte_vocab()[0]), 9)]
+    got, steps = [], []
+    for backends in (("cpu",), ("cudalike", "cpu")):
+        m = load(path, backends=backends, n_ctx=32)
+        out = [m._prefill(np.asarray(ids[:6], np.int32), "last", "logits")[-1].reshape(-1)]
+        dec = m._decoder("logits")
+        for t in ids[6:]:
+            out.append(dec.run([t], m.cache.n_past).reshape(-1))
+            m.cache.n_past += 1
+        got.append(out)
+        steps.append(len(dec.graph.plan.steps))
+    assert steps[1] < steps[0]  # the CUDA plan fuses
+    for a, b in zip(*got):
+        assert model_ref.nmse(b, a) <= 1e-10
