@@ -68,6 +68,19 @@ def test_form_on_cpu(form, n_past):
     _check(form, SMALL, n_past, ("cpu",), CPU_FUSED_LIMIT)
 
 
+# CUDA's plans computed by the CPU kernels (tests/cuda_shaped_backend.py): head_dim 64 takes the fast
+# flash build, the decode products the sibling, epilogue and residual steps, on any machine.
+SHAPED = F.Dims(n_embd=512, n_head=8, n_head_kv=8, n_ff=256, n_ctx=64)
+
+
+@pytest.mark.parametrize("form", list(F.FORMS))
+def test_form_planned_for_cuda_computes_the_cpu_values(form):
+    """Each form's CUDA plan (fusions, siblings, epilogues, moved writes, elided conts) is legal:
+    computed node by node with the CPU kernels it matches the reference and the unfused plan."""
+    import cuda_shaped_backend  # noqa: F401  (registers "cudalike")
+    _check(form, SHAPED, 37, ("cudalike", "cpu"), CPU_FUSED_LIMIT)
+
+
 @cuda
 @pytest.mark.parametrize("form", list(F.FORMS))
 def test_form_on_cuda(form):
