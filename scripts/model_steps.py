@@ -110,11 +110,12 @@ def main() -> None:
         if a.no_early_tiles:
             attention.EARLY_TILES = False
     from gg.backends.cuda.families import matmul
-    for mod, name, define, n in ((matmul, "MMVW_BATCH", "MMVW_BATCH", a.mmvw_batch), (siblings, "BATCH", "SIB_BATCH", a.sib_batch),
-                                 (siblings, "ACT_ROWS", "SIB_ACT_ROWS", a.sib_act_rows)):
+    for mod, name, file, define, n in ((matmul, "MMVW_BATCH", "mul_mat.cu", "MMVW_BATCH", a.mmvw_batch),
+                                       (siblings, "BATCH", "siblings.cu", "SIB_BATCH", a.sib_batch),
+                                       (siblings, "ACT_ROWS", "siblings.cu", "SIB_ACT_ROWS", a.sib_act_rows)):
         if n is not None:  # a kernel constant the host passes to NVRTC
             setattr(mod, name, n)
-            next(iter(mod.DEFINES.values()))[define] = n
+            mod.DEFINES[file][define] = n
     for table, define, arg in (("MV_ROWS", "QUANT_MV_ROWS_", a.mv_rows), ("MV1_ROWS", "QUANT_MV1_ROWS_", a.mv1_rows)):
         if arg:
             name, n = arg.split("=")

@@ -61,26 +61,35 @@ class _Program:
         return times
 
     def _value(self, s: Tensor, values: dict) -> np.ndarray:
-        """A source's values: a node computed earlier in the step (or a reshape of one: a cast the
-        planner folded in reads the product through it), else from memory."""
+        """A source's values: a node computed earlier in the step, or a view of one (a cast the
+        planner folded in reads the product through a reshape; an epilogue's write reads a roped
+        row through a permute), else from memory."""
         if s in values:
             return values[s]
-        if s.root in values and s.is_reshape_of_root():
-            return values[s.root].reshape(s.ne[::-1])
+        root = s.root
+        if root in values and s is not root:  # a node's value is its root's contiguous elements
+            if s.is_reshape_of_root():
+                return values[root].reshape(s.ne[::-1])
+            v = np.ascontiguousarray(values[root], np.float32).reshape(-1)
+            size = root.dtype.size
+            return np.lib.stride_tricks.as_strided(v[s.view_offs // size:], shape=s.ne[::-1],
+                                                   strides=tuple(nb // size * 4 for nb in s.nb[::-1])).copy()
         return load(s, self.memory)
 
     def _run_step(self, step) -> None:
+        """The step's nodes in order; an in-place write (set_rows) goes straight to memory, also in
+        the middle of a step (an epilogue's, planned for another backend's shape of steps)."""
         mem = self.memory
         values: dict[Tensor, np.ndarray] = {}
         for node in step.nodes:
-            if node.op in WRITES_IN_PLACE:
-                srcs = step.srcs(node)
-                KERNELS[node.op](node, host_view(node, mem), *[load(s, mem) for s in srcs[1:]])
-                return
-            args = [self._value(s, values) for s in step.srcs(node)]
-            values[node] = KERNELS[node.op](node, *args)
+            srcs = step.srcs(node)
+            if node.op in WRITES_IN_PLACE:  # srcs[0] is the destination: written, never loaded
+                KERNELS[node.op](node, host_view(node, mem), *[self._value(s, values) for s in srcs[1:]])
+                continue
+            values[node] = KERNELS[node.op](node, *[self._value(s, values) for s in srcs])
         for out in step.outs:  # a step may leave several values (a sibling group's products)
-            host_view(out, mem)[...] = dtypes.encode(values[out], out.dtype)
+            if out.op not in WRITES_IN_PLACE:
+                host_view(out, mem)[...] = dtypes.encode(values[out], out.dtype)
 
 
 @dataclass(frozen=True)
