@@ -4,7 +4,7 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
+        [--no-epilogue] [--quant-epilogue] [--no-lone-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
         [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--total", action="store_true", help="the whole plan's replay only")
     ap.add_argument("--no-epilogue", action="store_true", help="rope and KV writes as steps of their own")
     ap.add_argument("--quant-epilogue", action="store_true", help="the epilogue on quantized weights too")
+    ap.add_argument("--no-lone-epilogue", action="store_true", help="siblings.LONE_EPILOGUE off (rope and "
+                    "writes as steps of their own after quantized products)")
     ap.add_argument("--no-stream", action="store_true", help="mul_mat_vec1 for every one-column product")
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
@@ -83,6 +85,8 @@ def main() -> None:
     ap.add_argument("--fa-cluster", type=int, default=None, help="attention.CLUSTER_MAX (0: no cluster combine)")
     ap.add_argument("--no-early-tiles", action="store_true", help="attention.EARLY_TILES off")
     ap.add_argument("--mmvw-batch", type=int, default=None, help="matmul.MMVW_BATCH (the wide mat-vec's loads in flight)")
+    ap.add_argument("--argmax-cluster", type=int, default=None, help="reduce.CLUSTER (0: one block a row)")
+    ap.add_argument("--mmvw-rows", type=int, default=None, help="matmul.MMVW_ROWS (the plain wide mat-vec's rows a block)")
     ap.add_argument("--sib-batch", type=int, default=None, help="siblings.BATCH (the F16 sibling builds' loads in flight)")
     ap.add_argument("--sib-act-rows", type=int, default=None, help="siblings.ACT_ROWS (SwiGLU rows of each weight a block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
@@ -92,6 +96,11 @@ def main() -> None:
     from gg.backends.cuda.families import blocks, siblings
     if a.no_epilogue:
         siblings.EPILOGUE_OPS = ()
+    if a.argmax_cluster is not None:
+        from gg.backends.cuda.families import reduce
+        reduce.CLUSTER = a.argmax_cluster
+    if a.no_lone_epilogue:
+        siblings.LONE_EPILOGUE = False
     if a.quant_epilogue:  # (switches set module constants only when asked: older trees lack them)
         siblings.QUANT_EPILOGUE = True
     if a.no_stream:
@@ -111,6 +120,7 @@ def main() -> None:
             attention.EARLY_TILES = False
     from gg.backends.cuda.families import matmul
     for mod, name, file, define, n in ((matmul, "MMVW_BATCH", "mul_mat.cu", "MMVW_BATCH", a.mmvw_batch),
+                                       (matmul, "MMVW_ROWS", "mul_mat.cu", "MMVW_ROWS", a.mmvw_rows),
                                        (siblings, "BATCH", "siblings.cu", "SIB_BATCH", a.sib_batch),
                                        (siblings, "ACT_ROWS", "siblings.cu", "SIB_ACT_ROWS", a.sib_act_rows)):
         if n is not None:  # a kernel constant the host passes to NVRTC

@@ -51,8 +51,37 @@ def test_argmax_cuda_of_a_transposed_view(rng):
     assert np.array_equal(y.numpy().reshape(-1), np.argmax(a, axis=-1))
 
 
-@pytest.mark.parametrize("n,want", [(49152, "argmax_vec_f32"), (1028, "argmax_vec_f32"), (1025, "argmax_f32")])
-def test_argmax_cuda_plan_takes_the_vector_build_on_aligned_rows(n, want):
+@pytest.mark.parametrize("n,want,cluster", [(49152, "argmax_cl_vec_f32", 8), (4100, "argmax_cl_vec_f32", 2),
+                                            (4096, "argmax_vec_f32", 0), (1028, "argmax_vec_f32", 0),
+                                            (1025, "argmax_f32", 0)])
+def test_argmax_cuda_plan_takes_the_vector_build_on_aligned_rows(n, want, cluster):
+    """Rows of more than 1024 runs of 4 take up to reduce.CLUSTER blocks (one cluster on sm_90+)."""
     y = gg.argmax(gg.tensor(np.ones((2, n), np.float32)))
     g = gg.build_forward(y, backends=("cuda", "cpu"))
-    assert g.plan.steps[0].kernel == want
+    assert g.plan.steps[0].kernel == want and g.plan.steps[0].choice.cluster == cluster
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,rows", [(4100, 3), (49152, 2), (128256, 1), (8196, 5)])
+def test_argmax_cuda_in_a_cluster_equals_one_block(n, rows, rng, monkeypatch):
+    """The row split over a cluster's blocks: the winner in any slice, ties and NaN across slices
+    (the first wins), a slice with nothing better than -inf; the same ids as one block a row."""
+    from gg.backends.cuda.families import reduce
+    a = rng.standard_normal((rows, n)).astype(np.float32)
+    a[0, n - 3] = 50.0                       # the last slice wins
+    if rows > 1:
+        a[1, 5] = a[1, n - 1] = 60.0         # a tie across the first and the last slice
+    if rows > 2:
+        a[2, :] = -np.inf                    # every slice holds only -inf: index 0
+        a[2, n // 2 + 1] = np.nan            # ... but a NaN in a middle slice wins
+    if rows > 3:
+        a[3, n - 2] = a[3, 7] = np.nan       # two NaNs in different slices: the first
+    got = []
+    for c in (reduce.CLUSTER, 0):
+        monkeypatch.setattr(reduce, "CLUSTER", c)
+        y = gg.argmax(gg.tensor(a))
+        g = gg.build_forward(y, backends=("cuda",))
+        assert (g.plan.steps[0].choice.cluster > 1) == (c > 0)
+        g.compute()
+        got.append(y.numpy().reshape(-1))
+    assert np.array_equal(got[0], np.argmax(a, axis=-1)) and np.array_equal(got[0], got[1])

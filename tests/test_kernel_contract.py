@@ -136,6 +136,7 @@ def _graphs() -> list:
         if T <= 8:
             plan(gg.add(gg.mul_mat(w, v), ctx.tensor(rng.standard_normal((T, 96)).astype(np.float32))))
     plan(gg.argmax(ctx.tensor(rng.standard_normal((2, 1000)).astype(np.float32))))
+    plan(gg.argmax(ctx.tensor(rng.standard_normal((1, 49152)).astype(np.float32))))  # argmax_cl_vec
     from test_quant_ops import random_weights
     for dt in (gg.Q8_0, gg.Q4_K):  # blocks read in place (1 and 3 columns), dequantized for a GEMM, gathered
         wq = random_weights(rng, dt, 64, 512, ctx)
