@@ -4,8 +4,9 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-lone-epilogue] [--no-stream] [--min-blocks N] [--no-l2-prefetch]
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
         [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
+        [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
 from __future__ import annotations
@@ -60,6 +61,21 @@ def _trace(rt, steps, memory, path: str) -> None:
     prof.export_chrome_trace(path)
 
 
+def _token_loop(m, n: int, replay: float) -> None:
+    """n tokens of decode_greedy from an empty cache (a warm-up run first), as `gg bench`'s tg: the
+    figure next to the replay's shows what the host and the per-token copies add."""
+    import time
+    runs = []
+    for _ in range(4):
+        m.cache.clear()
+        t0 = time.perf_counter()
+        for _ in m.decode_greedy(1, n):
+            pass
+        runs.append((time.perf_counter() - t0) / n * 1e6)
+    us = min(runs[1:])
+    print(f"token loop: {us:.1f} us a token ({1e6 / us:.0f} tokens/s), {us - replay:.1f} us beyond the replay")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -67,10 +83,10 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=1)
     ap.add_argument("--n-past", type=int, default=100)
     ap.add_argument("--total", action="store_true", help="the whole plan's replay only")
+    ap.add_argument("--decode", type=int, default=0, help="also N greedy tokens from an empty cache through "
+                    "decode_greedy (gg bench's tg: the host's uploads, launches and readbacks included)")
     ap.add_argument("--no-epilogue", action="store_true", help="rope and KV writes as steps of their own")
     ap.add_argument("--quant-epilogue", action="store_true", help="the epilogue on quantized weights too")
-    ap.add_argument("--no-lone-epilogue", action="store_true", help="siblings.LONE_EPILOGUE off (rope and "
-                    "writes as steps of their own after quantized products)")
     ap.add_argument("--no-stream", action="store_true", help="mul_mat_vec1 for every one-column product")
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
@@ -86,7 +102,6 @@ def main() -> None:
     ap.add_argument("--no-early-tiles", action="store_true", help="attention.EARLY_TILES off")
     ap.add_argument("--mmvw-batch", type=int, default=None, help="matmul.MMVW_BATCH (the wide mat-vec's loads in flight)")
     ap.add_argument("--argmax-cluster", type=int, default=None, help="reduce.CLUSTER (0: one block a row)")
-    ap.add_argument("--mmvw-rows", type=int, default=None, help="matmul.MMVW_ROWS (the plain wide mat-vec's rows a block)")
     ap.add_argument("--sib-batch", type=int, default=None, help="siblings.BATCH (the F16 sibling builds' loads in flight)")
     ap.add_argument("--sib-act-rows", type=int, default=None, help="siblings.ACT_ROWS (SwiGLU rows of each weight a block)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
@@ -99,8 +114,6 @@ def main() -> None:
     if a.argmax_cluster is not None:
         from gg.backends.cuda.families import reduce
         reduce.CLUSTER = a.argmax_cluster
-    if a.no_lone_epilogue:
-        siblings.LONE_EPILOGUE = False
     if a.quant_epilogue:  # (switches set module constants only when asked: older trees lack them)
         siblings.QUANT_EPILOGUE = True
     if a.no_stream:
@@ -120,7 +133,6 @@ def main() -> None:
             attention.EARLY_TILES = False
     from gg.backends.cuda.families import matmul
     for mod, name, file, define, n in ((matmul, "MMVW_BATCH", "mul_mat.cu", "MMVW_BATCH", a.mmvw_batch),
-                                       (matmul, "MMVW_ROWS", "mul_mat.cu", "MMVW_ROWS", a.mmvw_rows),
                                        (siblings, "BATCH", "siblings.cu", "SIB_BATCH", a.sib_batch),
                                        (siblings, "ACT_ROWS", "siblings.cu", "SIB_ACT_ROWS", a.sib_act_rows)):
         if n is not None:  # a kernel constant the host passes to NVRTC
@@ -154,6 +166,8 @@ def main() -> None:
     full = replay_us(rt, steps, mem, iters=50)
     print(f"{m.name}: {len(steps)} steps, whole plan replayed {full:.1f} us ({1e6 / full:.0f} tokens/s "
           f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")
+    if a.decode:
+        _token_loop(m, a.decode, full)
     if a.trace:
         _trace(rt, steps, mem, a.trace)
     if a.total:

@@ -110,27 +110,6 @@ def test_matvec_add_matches_reference_and_unfused(T, wdt, K, order):
     assert np.array_equal(results[0], results[1])
 
 
-@pytest.mark.cuda
-def test_wide_matvec_rows_per_block_give_the_same_bits(monkeypatch):
-    """matmul.MMVW_ROWS (an A/B switch: weight rows per block of the plain wide mat-vec) changes
-    which block sums a row, not how: an odd row count, the residual, the same bits for 1 and 2."""
-    from gg.backends.cuda.families import matmul
-    results = []
-    for rows in (1, 2):
-        monkeypatch.setattr(matmul, "MMVW_ROWS", rows)
-        monkeypatch.setitem(matmul.DEFINES["mul_mat.cu"], "MMVW_ROWS", rows)
-        out, (w, x, r) = build(gg.Context(), np.random.default_rng(4), M=1001, K=4096, T=1, wdt=np.float16,
-                               order="mm + r")
-        g = gg.build_forward(out, backends=("cuda",))
-        (step,) = g.plan.steps
-        assert step.kernel == "mul_mat_vecw_f16_f32" and step.choice.rows == rows
-        g.compute()
-        results.append(out.numpy())
-        ref = ref_add(ref_mul_mat(w.numpy(), x.numpy()), r.numpy())
-        assert nmse(results[-1], ref.reshape(results[-1].shape)) <= 1e-7
-    assert np.array_equal(results[0], results[1])
-
-
 # ---- quantized weights: the blocks-in-place mat-vec (kernels/quant.cu) adds the residual ------------
 def build_quant(ctx, rng, dt, M=301, K=512, T=1, order="mm + r"):
     from test_quant_ops import random_weights

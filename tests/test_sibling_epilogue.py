@@ -114,49 +114,6 @@ def test_quantized_weights_keep_the_epilogue_off_by_default(rng):
     assert g.plan.steps[0].ops == PRODUCTS and g.plan.steps[0].kernel == "mul_mat_sibq_norm_q4_0_f32_qx"
 
 
-@pytest.mark.parametrize("mode", [NORMAL, NEOX])
-@pytest.mark.parametrize("write", ["cpy", "set_rows"])
-@pytest.mark.parametrize("nkv", [6, 2, 1])  # MHA, GQA, MQA
-def test_quantized_rope_and_writes_are_one_step_of_their_own(rng, mode, write, nkv):
-    """Without the products' epilogue (block-quantized weights) the ropes of q and k and both cache
-    writes are one launch after the products (siblings.LoneEpilogue): the rows of the three
-    products from memory; rope(q) leaves the step (scale reads it), the roped k does not."""
-    g, p = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=mode, write=write, nkv=nkv)
-    plan = g.plan
-    assert [s.ops for s in plan.steps] == [PRODUCTS, ("rope", write, write, "rope"), ("scale",)]
-    lone = plan.steps[1]
-    assert lone.kernel == "sib_epilogue_rows" and lone.choice.members == 3
-    assert [r[5] for r in lone.choice.ropes] == [int(mode == NEOX)] * 2
-    rope_k, write_k, write_v, rope_q = lone.nodes
-    assert rope_q is lone.out and rope_q in plan.alloc.offsets
-    assert rope_k not in lone.exports and rope_k not in plan.alloc.offsets
-    assert all(n in plan.alloc.offsets for n in plan.steps[0].nodes[2:5])  # read from memory
-    assert {write_k.root, write_v.root} == {p["K"], p["V"]}
-
-
-def test_the_lone_epilogue_not_on_cpu_nor_unfused_nor_undeclared(rng, monkeypatch):
-    g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0)
-    g.backends = ("cpu",)
-    assert ("rope",) in [s.ops for s in g.plan.steps]
-    g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0)
-    g.fuse = False
-    assert ("rope",) in [s.ops for s in g.plan.steps]
-    monkeypatch.setattr(siblings, "EPILOGUE_OPS", ())
-    g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0)
-    assert [s.ops for s in g.plan.steps][1:] == [("rope",), ("cpy",), ("cpy",), ("rope",), ("scale",)]
-
-
-def test_the_lone_epilogue_respects_the_write_order(rng):
-    """A cont(transpose(V)) built between the writes: the V write may not move up past it, so the
-    lone group ends at the K write; what follows keeps its order."""
-    g, p = _block(gg.Context(), rng, wdt=gg.Q4_0)
-    k_write, v_write = g.plan.steps[1].nodes[1:3]
-    g2 = gg.Graph(backends=("cuda", "cpu"))
-    for t in (k_write, gg.cont(gg.transpose(p["V"])), v_write, p["out"]):
-        g2.build_forward_expand(t)
-    assert [s.ops for s in g2.plan.steps] == [PRODUCTS, ("rope", "cpy"), ("cont",), ("cpy",), ("rope",), ("scale",)]
-
-
 @pytest.mark.parametrize("wdt", QUANT)
 @pytest.mark.parametrize("mode", [NORMAL, NEOX])
 def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode, quant_epilogue):
@@ -176,11 +133,10 @@ def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode, quant_epi
 
 def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng, quant_epilogue):
     """K = 576 (SmolLM2): 3 row groups of 8 share a Q4_0 block, 24 rows that do not divide a
-    64-row head: NEOX keeps its rope and writes out of the products' step (a step of their own,
-    the epilogue alone), NORMAL (pairs of adjacent rows) does not."""
+    64-row head: NEOX keeps its rope a step, NORMAL (pairs of adjacent rows) does not."""
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NEOX, K=576, hd=64)
     assert g.plan.steps[0].choice.per == 24
-    assert g.plan.steps[0].ops == PRODUCTS and g.plan.steps[1].kernel == "sib_epilogue_rows"
+    assert g.plan.steps[0].ops == PRODUCTS and any(s.ops == ("rope",) for s in g.plan.steps)
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NORMAL, K=576, hd=64)
     assert g.plan.steps[0].ops == PRODUCTS + ("rope", "cpy", "cpy", "rope")
 
@@ -271,12 +227,8 @@ def test_the_launch_fits_the_kernel_signature(rng, quant_epilogue):
                               (NEOX, "cpy", gg.Q4_0), (NORMAL, "set_rows", gg.Q6_K))]
     assert all(_epi_step(g.plan).kernel.startswith(("mul_mat_sib_norm_epi_", "mul_mat_sibq_norm_epi_"))
                for g in graphs)
-    with pytest.MonkeyPatch.context() as mp:  # the quantized products without it: the epilogue alone
-        mp.setattr(siblings, "QUANT_EPILOGUE", False)
-        lone = [_block(gg.Context(), rng, mode=m, write=w, wdt=gg.Q4_1)[0] for m, w in ((NEOX, "cpy"), (NORMAL, "set_rows"))]
-        assert all(g.plan.steps[1].kernel == "sib_epilogue_rows" for g in lone)
-    rt, records = _lowered(graphs + lone)
-    assert any("_epi_" in r.name for r in records) and any(r.name == "sib_epilogue_rows" for r in records)
+    rt, records = _lowered(graphs)
+    assert any("_epi_" in r.name for r in records)
     problems = [m for r in records if (m := mismatch(rt, r))]
     assert not problems, "\n".join(problems)
 
@@ -371,56 +323,6 @@ def test_quantized_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, 
     apart = _run(g2, p)
     for a, b in zip(got, apart):
         assert np.array_equal(a, b)
-
-
-@cuda
-@pytest.mark.parametrize("wdt,mode,write,hd,n_dims,nh,nkv,K,n_past", [
-    (gg.Q4_0, NEOX, "cpy", 128, 128, 4, 2, 1024, 17),
-    (gg.Q4_1, NORMAL, "set_rows", 64, 64, 9, 3, 576, 39),  # SmolLM2's heads
-    (gg.Q4_0, NEOX, "set_rows", 64, 64, 6, 2, 576, 0),     # pairs that leave a product block
-    (gg.Q8_0, NEOX, "set_rows", 64, 32, 4, 4, 512, 5),     # rope of half of each head
-    (gg.Q6_K, NORMAL, "cpy", 96, 96, 3, 1, 768, 21),
-    (gg.Q4_K, NEOX, "cpy", 48, 22, 6, 3, 256, 27),         # n_dims / 2 odd
-])
-def test_lone_epilogue_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, mode, write, hd, n_dims, nh, nkv,
-                                                           K, n_past):
-    """The rope and the writes as one step of their own after quantized products: the reference,
-    and bit for bit the rope and each write as steps apart."""
-    g, p = _block(gg.Context(), rng, mode=mode, write=write, wdt=wdt, hd=hd, n_dims=n_dims, nh=nh, nkv=nkv,
-                  n_past=n_past, K=K)
-    K0, V0 = _caches(p)
-    assert g.plan.steps[1].kernel == "sib_epilogue_rows", str(g.plan)
-    got = _run(g, p)
-    q, k, v = _reference(p)
-    bound = nmse_vs_reference(g)
-    assert nmse(got[0], q) <= bound
-    for cache, before, want in ((got[1], K0, k), (got[2], V0, v)):
-        assert nmse(cache[:, n_past].astype(np.float64), want) <= max(bound, 1e-5)  # F16 caches
-        keep = np.ones(cache.shape[1], bool)
-        keep[n_past] = False
-        assert np.array_equal(cache[:, keep], before[:, keep])
-
-    p["K"].set(K0.reshape(p["K"].numpy().shape)), p["V"].set(V0.reshape(p["V"].numpy().shape))
-    monkeypatch.setattr(siblings, "EPILOGUE_OPS", ())
-    g2 = gg.build_forward(*g.outputs, backends=("cuda", "cpu"))
-    assert [s.ops for s in g2.plan.steps][1] == ("rope",)
-    apart = _run(g2, p)
-    for a, b in zip(got, apart):
-        assert np.array_equal(a, b)
-
-
-@cuda
-def test_lone_epilogue_index_out_of_range_is_an_error_and_writes_nothing(rng):
-    g, p = _block(gg.Context(), rng, wdt=gg.Q4_0, write="set_rows", n_ctx=40)
-    assert g.plan.steps[1].kernel == "sib_epilogue_rows"
-    p["idx"].set(np.array([-1], np.int32))
-    K0 = p["K"].numpy().copy()
-    with pytest.raises(gg.BackendError, match="out of range"):
-        g.compute()
-    assert np.array_equal(p["K"].numpy(), K0)
-    p["idx"].set(np.array([39], np.int32))
-    g.compute()
-    assert not np.array_equal(p["K"].numpy()[:, 39], K0[:, 39])
 
 
 @cuda

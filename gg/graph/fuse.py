@@ -108,15 +108,12 @@ def read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tens
     return False
 
 
-def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor],
-                   lone_ropes: bool = False) -> list[Step]:
+def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
     """A step ending in mul_mat also does the one-node steps right after it that read only the
     rows it makes visible (its `outs`: a normalizing product, or each product of a sibling step),
     or the rows of such a step, through views (a rope of q and k, a `cpy` or `set_rows` of k and v
     into a KV cache), when its backend can do them in the product's epilogue (asked with the whole
-    group). With `lone_ropes` (the planner's last call, once every product step exists) a rope
-    step no product took starts such a group of its own, whose ops may read rows of any tensor
-    computed before it (not by the steps they move up past), when the backend can run that alone. Unlike a chain's, these values may have readers after the step: every node read later
+    group). Unlike a chain's, these values may have readers after the step: every node read later
     (or an output, or a write into a persistent tensor) is one of the step's `exports` and keeps
     its memory. A write joins only if nothing in the group reads the tensor it writes (its blocks
     would race the readers), and no op joins that reads a tensor the group writes.
@@ -137,12 +134,9 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
         if steps[i] in joined:
             continue
         group = [steps[i]]
-        be = base.get(steps[i].backend)
-        epilogue_ops = be.patterns().epilogue_ops
-        # a product's step, or a rope no product took (its rows are in memory already: the group
-        # is the epilogue alone, one launch for the rope and the writes after it)
-        alone = lone_ropes and steps[i].ops == ("rope",) and "rope" in epilogue_ops
-        if (steps[i].ops[-1] == "mul_mat" or alone) and not steps[i].inserted:
+        if steps[i].ops[-1] == "mul_mat" and not steps[i].inserted:
+            be = base.get(steps[i].backend)
+            epilogue_ops = be.patterns().epilogue_ops
             made = set(steps[i].outs)
             read = {s.root for n in steps[i].nodes for s in n.src}  # roots the group reads
             written: set[Tensor] = set()                               # roots its writes write
@@ -157,7 +151,7 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
                 dst = _dst(node)
                 reads = {s.root for s in node.src if s is not dst}
                 if (len(nxt.ops) != 1 or nxt.ops[0] not in epilogue_ops or nxt.backend != steps[i].backend
-                        or nxt.inserted or (data.root not in made and not alone)
+                        or nxt.inserted or data.root not in made
                         or any(s.root in made for s in node.src if s is not data)
                         or reads & (written | passed_made)
                         or (dst is not None and dst.root in read | written | passed_read | passed_made)

@@ -29,7 +29,6 @@ def make_plan(graph: Graph) -> Plan:
     if graph.fuse:
         steps = fuse_epilogues(fuse(steps, graph.nodes, kept), graph.nodes, kept)
         steps = fuse_siblings(steps, graph.nodes, kept)
-        steps = fuse_epilogues(steps, graph.nodes, kept, lone_ropes=True)  # the ropes no product took
         steps = elide_conts(steps, graph.nodes, kept)  # last: the fusions above rebuild steps without subst
     steps = insert(steps, where)
     if graph.fuse:

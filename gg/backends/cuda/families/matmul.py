@@ -31,26 +31,24 @@ MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec builds (decode)
 MMV_BLOCK = 128          # threads per mat-vec block
 MMV_BATCH = 4            # 16-byte loads a thread of the one-column build issues before using them
 MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
-MMVW_ROWS = 1            # weight rows per block of the plain wide mat-vec (the H100 saw 2 no faster)
 MMVW_BATCH = 2           # 16-byte loads of a row a thread of it issues before using them
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
-                          "MMVW_BATCH": MMVW_BATCH, "MMVW_ROWS": MMVW_ROWS,
+                          "MMVW_BATCH": MMVW_BATCH,
                           "MMVW_NORM_ROWS": MMVW_NORM_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
                           "MM_BN": TILE}}
 
 
 @dataclass(frozen=True)
 class MatVec(Kernel):
-    """A mat-vec build: `wide` (a block per `rows` rows, mul_mat_vecw*), else `tpr` threads per row."""
+    """A mat-vec build: `wide` (a block per row, mul_mat_vecw*), else `tpr` threads per row."""
 
     wide: bool
     vec: bool  # 16-byte loads of a and b
     tpr: int
-    rows: int = 1
 
 
 @dataclass(frozen=True)
@@ -229,8 +227,7 @@ def _product_ok(mm: Tensor) -> bool:
 def _matvec(mm: Tensor, a: Tensor, b: Tensor) -> MatVec:
     vec = a.ne[0] % 8 == 0 and rows_aligned(a) and rows_aligned(b)
     if vec and wide(a, b):  # long rows (weights): a block per row, every thread's loads in flight
-        return MatVec("mul_mat.cu", f"mul_mat_vecw_{a.dtype.name}_{b.dtype.name}", True, True, MMVW_THREADS,
-                      MMVW_ROWS)
+        return MatVec("mul_mat.cu", f"mul_mat_vecw_{a.dtype.name}_{b.dtype.name}", True, True, MMVW_THREADS)
     one = mm.ne[1] == 1
     tpr = threads_per_row(a.ne[0] // 8 if vec else a.ne[0], MMV_BATCH if one else 1)
     return MatVec("mul_mat.cu", f"mul_mat_vec{'1' if one else ''}_{a.dtype.name}_{b.dtype.name}", False, vec, tpr)
@@ -431,8 +428,7 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         args.none()
     if k.wide:
         args.i32(int(launch.L2_PREFETCH and batches == 1))  # the weight row into L2 before the wait
-        grid = (-(-out.ne[0] // k.rows), batches, 1)
-        return [Launch(rt, k.file, k.symbol, grid, (MMVW_THREADS, 1, 1), args, what=what)]
+        return [Launch(rt, k.file, k.symbol, (out.ne[0], batches, 1), (MMVW_THREADS, 1, 1), args, what=what)]
     args.i32(int(k.vec))
     per_block = MMV_BLOCK // k.tpr
     grid = ((out.ne[0] + per_block - 1) // per_block, batches, 1)

@@ -25,7 +25,6 @@ from . import rope as rope_family
 from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, code, node_srcs, rows_aligned
 
 MAX_MEMBERS = 8    # products one step computes (kernels/siblings.cu SIB_MAX)
-EPI_MEMBERS = 4    # tensors whose rows an epilogue step of its own reads (siblings.cu EPI_MEMBERS; below)
 ROWS = 2           # weight rows per block: each x (and norm weight) element loaded serves both
 ACT_ROWS = 2       # SwiGLU: rows of each of the gate and up weights per block (H200: 2 beats 1)
 THREADS = 256      # most threads per block
@@ -42,7 +41,7 @@ ACTIVATIONS = ("silu", "gelu")
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
 _EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
 DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_THREADS": THREADS,
-                           "SIB_BATCH": BATCH, "EPI_MEMBERS": EPI_MEMBERS, **_EPI_DEFINES},
+                           "SIB_BATCH": BATCH, **_EPI_DEFINES},
            "quant.cu": _EPI_DEFINES}
 
 
@@ -85,12 +84,10 @@ def _split(ops: tuple[str, ...]) -> tuple[bool, int, str] | None:
 
 
 def claims(ops: tuple[str, ...]) -> bool:
-    return _split(ops) is not None or _epi_cut(ops) is not None or _lone(ops)
+    return _split(ops) is not None or _epi_cut(ops) is not None
 
 
 def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs) -> Kernel | None:
-    if _lone(ops):
-        return _choose_lone(nodes, srcs)
     split = _split(ops)
     if split is None:
         return _choose_epi(ops, nodes, srcs)
@@ -168,8 +165,6 @@ def _norm_fits(nblocks: int, K: int) -> bool:
 
 
 def lower(rt, step, k: Kernel, what: str) -> list:
-    if isinstance(k, LoneEpilogue):
-        return _lower_lone(rt, step, k, what)
     assert isinstance(k, Siblings)
     start = 2 if k.norm else 0
     if k.vecs:  # the streaming build (blocks.Vecs): the SwiGLU / GeGLU step, or one normalized product
@@ -222,7 +217,7 @@ def variants() -> list[Variant]:
             + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32{qx}")
                for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")
                for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES]
-            + _epi_variants() + [Variant("siblings.cu", "sib_epilogue_rows")])
+            + _epi_variants())
 
 
 # ---- the epilogue: rope and KV-cache writes of the products' rows --------------------------------
@@ -348,18 +343,8 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
     if k.act or k.vecs is not None or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
         return None  # (the streaming build has no epilogue)
     allowed = QUANT_EPILOGUE if k.quant else k.per == 2  # siblings.cu's epilogue ropes a block's two rows
-    layout = _epi_layout(prods, tail, srcs, k.per) if allowed else None
-    if layout is None:
+    if not allowed:
         return None
-    ropes, writes, tbytes = layout
-    prefix = ("mul_mat_sibq" if k.quant else "mul_mat_sib") + ("_norm" if k.norm else "")
-    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):], k.rows, k.norm, "", k.threads, k.per,
-                       k.quant, ropes=ropes, writes=writes, table=tbytes)
-
-
-def _epi_layout(prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs, per: int):
-    """(ropes, writes, table bytes) of an epilogue `tail` over the rows of `prods` (blocks of `per`
-    rows), or None where some op of it is not an epilogue's."""
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
     tbytes = 0
@@ -367,7 +352,7 @@ def _epi_layout(prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs, per
         if node.op not in EPILOGUE_OPS:
             return None
         if node.op == "rope":
-            r = _epi_rope(node, prods, srcs, tbytes // 8, per)
+            r = _epi_rope(node, prods, srcs, tbytes // 8, k.per)
             if r is None or len(ropes) == EPI_ROPES or any(o[0] == r[0] for _, o in ropes):
                 return None
             ropes.append((node, r))
@@ -377,10 +362,12 @@ def _epi_layout(prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs, per
             if w is None or len(writes) == EPI_WRITES:
                 return None
             writes.append(w)
-    return tuple(r for _, r in ropes), tuple(writes), tbytes
+    prefix = ("mul_mat_sibq" if k.quant else "mul_mat_sib") + ("_norm" if k.norm else "")
+    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):], k.rows, k.norm, "", k.threads, k.per,
+                       k.quant, ropes=tuple(r for _, r in ropes), writes=tuple(writes), table=tbytes)
 
 
-def _epi_args(rt, step, k: SibEpilogue | LoneEpilogue, args: Args, what: str) -> None:
+def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
     """The SibEpi parameter: addresses now, the layout as chosen."""
     tail = [n for n in step.nodes if n.op in EPILOGUE_OPS]
     ropes = [n for n in tail if n.op == "rope"]
@@ -402,64 +389,3 @@ def _epi_variants() -> list[Variant]:
     return ([Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32") for a in FLOAT_NAMES for norm in ("", "_norm")]
             + [Variant("quant.cu", f"mul_mat_sibq{norm}_epi_{t.name}_f32{qx}") for t in blocks.TYPES
                for norm in ("", "_norm") for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES])
-
-
-# ---- the epilogue alone: a rope no product took, and the writes after it --------------------------
-# With block-quantized weights the product keeps no epilogue (QUANT_EPILOGUE), so a decode token's
-# rope(q, k), K write and V write were three launches of a microsecond or two each (a small model's
-# token is bound by such launches). The planner's last fuse_epilogues pass (`lone_ropes`) hands
-# them to one step here, which reads the rows from memory (the product wrote them) and runs the
-# same epilogue code (kernels/epilogue.cuh) a thread per rope pair: sib_epilogue_rows.
-LONE_EPILOGUE = True  # False: such ropes and writes stay steps of their own (an A/B switch)
-LONE_THREADS = 128
-
-
-@dataclass(frozen=True)
-class LoneEpilogue(Kernel):
-    """Ropes and cache writes over the rows of `members` F32 vectors already in memory, one launch;
-    ropes and writes as SibEpilogue's (a block of 2 rows: one rope pair)."""
-
-    members: int = 0
-    ropes: tuple[tuple[int, ...], ...] = ()
-    writes: tuple[tuple[int, ...], ...] = ()
-
-
-def _lone(ops: tuple[str, ...]) -> bool:
-    return LONE_EPILOGUE and len(ops) >= 2 and ops[0] == "rope" and all(op in EPILOGUE_OPS for op in ops)
-
-
-def _lone_members(nodes: Sequence[Tensor], srcs: Srcs) -> list[Tensor] | None:
-    """The tensors whose rows the group's ropes and writes read (not its own ropes): one token's
-    contiguous F32 vectors, at most EPI_MEMBERS, in first-use order."""
-    inside = set(nodes)
-    members: list[Tensor] = []
-    for n in nodes:
-        r = (srcs(n)[1] if n.op == "set_rows" else srcs(n)[0]).root
-        if r in inside or r in members:
-            continue
-        if r.dtype is not F32 or not r.is_contiguous() or r.ne[1:] != (1, 1, 1):
-            return None
-        members.append(r)
-    return members if 0 < len(members) <= EPI_MEMBERS else None
-
-
-def _choose_lone(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
-    members = _lone_members(nodes, srcs)
-    layout = _epi_layout(members, nodes, srcs, 2) if members is not None else None
-    if members is None or layout is None:
-        return None
-    ropes, writes, tbytes = layout
-    return LoneEpilogue("siblings.cu", "sib_epilogue_rows", len(members), ropes=ropes, writes=writes, table=tbytes)
-
-
-def _lower_lone(rt, step, k: LoneEpilogue, what: str) -> list:
-    members = _lone_members(step.nodes, step.srcs)
-    assert members is not None and len(members) == k.members
-    pairs = [-(-m.ne[0] // 2) for m in members]
-    pair0 = [sum(pairs[:j]) for j in range(len(members))]
-    pad = [0] * (EPI_MEMBERS - len(members))
-    args = Args().words(*[addr(m) for m in members], *pad, *[m.ne[0] for m in members], *pad, *pair0, *pad,
-                        sum(pairs), len(members))
-    _epi_args(rt, step, k, args, what)
-    grid = -(-sum(pairs) // LONE_THREADS)
-    return [Launch(rt, k.file, k.symbol, (grid, 1, 1), (LONE_THREADS, 1, 1), args, what=what)]

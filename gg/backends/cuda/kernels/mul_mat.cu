@@ -13,7 +13,7 @@
 // fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
 // `r` (F32, dst's shape, or null) is added to the result: the fused mul_mat -> add of a residual
 // connection, one launch and one pass over dst less.
-// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_ROWS, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
+// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
 // host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
@@ -358,16 +358,6 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     }
 }
 
-// Before the wait (pre: no batches): the block's MMVW_ROWS weight rows into L2.
-template <class TA>
-__device__ __forceinline__ void mmvw_l2_prefetch(int pre, const char* a, const TDesc& ad) {
-    if (!pre) return;
-    for (int rr = 0; rr < MMVW_ROWS; ++rr) {
-        const i64 m = (i64)blockIdx.x * MMVW_ROWS + rr;
-        if (MMVW_ROWS == 1 || m < ad.ne[1]) gg_l2_prefetch(a + m * ad.nb[1], ad.ne[0] * (i64)sizeof(TA));
-    }
-}
-
 #define GG_MM(TA, SA, TB, SB)                                                                             \
     extern "C" __global__ void mul_mat_vec_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,       \
                                                        const char* b, TDesc bd, const char* r, TDesc rd,  \
@@ -384,9 +374,9 @@ __device__ __forceinline__ void mmvw_l2_prefetch(int pre, const char* a, const T
     extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
                                  const char* r, TDesc rd, int pre) {                                      \
-        mmvw_l2_prefetch<TA>(pre, a, ad);                                                                 \
+        gg_l2_prefetch(pre ? a + blockIdx.x * ad.nb[1] : nullptr, ad.ne[0] * (i64)sizeof(TA));          \
         gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, TB, false, MMVW_ROWS>(dst, d, a, ad, b, bd, r, rd);                                 \
+        mmvw_impl<TA, TB, false, 1>(dst, d, a, ad, b, bd, r, rd);                                         \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \

@@ -226,39 +226,3 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
 GG_SIB_ALL(float, f32)
 GG_SIB_ALL(f16, f16)
 GG_SIB_ALL(bf16, bf16)
-
-// The epilogue alone (families/siblings.py LoneEpilogue): ropes and cache writes of rows already in
-// memory (a product that kept no epilogue wrote them), one thread per block of two rows as
-// epi_rows lays them out (a rope pair, or two rows no rope rotates). Member i is an F32 vector of
-// rows[i] values at p[i]; its pairs are numbered from pair0[i]; `pairs` in all.
-struct EpiRows {
-    const char* p[EPI_MEMBERS];
-    i64 rows[EPI_MEMBERS];
-    i64 pair0[EPI_MEMBERS];
-    i64 pairs, n;
-};
-extern "C" __global__ void sib_epilogue_rows(EpiRows s, SibEpi epi) {
-    gg_grid_sync();
-    const i64 g = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= s.pairs) return;
-    int member = 0;  // constant indices only (a parameter indexed at run time goes to local memory)
-    const char* p = s.p[0];
-    i64 rows = s.rows[0], b0 = 0;
-#pragma unroll
-    for (int i = 1; i < EPI_MEMBERS; ++i)
-        if (i < s.n && g >= s.pair0[i]) {
-            member = i;
-            p = s.p[i];
-            rows = s.rows[i];
-            b0 = s.pair0[i];
-        }
-    i64 r0, jump;
-    int split;
-    epi_rows(epi, member, 2 * (g - b0), 2, r0, split, jump);
-    const i64 r1 = r0 + 1 + (split == 1 ? jump : 0);  // block row 1 (jump applies from row `split`)
-    const bool two = r1 < rows;
-    const float v0 = *(const float*)(p + r0 * (i64)sizeof(float));
-    const float v1 = two ? *(const float*)(p + r1 * (i64)sizeof(float)) : 0.0f;
-    sib_epilogue(epi, member, nullptr, r0, v0, v0, v1, false);
-    if (two) sib_epilogue(epi, member, nullptr, r1, v1, v0, v1, true);
-}
