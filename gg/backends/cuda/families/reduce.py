@@ -11,7 +11,8 @@ from .common import FLOAT_NAMES, GRID_X_MAX, Kernel, Srcs, Variant, floats, node
 
 THREADS = 1024  # a row of a vocabulary (tens of thousands of logits) per block
 # sm_90: a row of more than THREADS runs of 4 is scanned by up to this many blocks of one cluster
-# (argmax_cl_vec_*: the first reads the others' best from their shared memory); 0: one block a row
+# (argmax_cl_vec_*: the first reads the others' best from their shared memory); 0: one block a row.
+# H200 whole-token replays, 49152 logits: 8B-dims F16 684.0 vs 687.0 us, SmolLM2 Q4_1 734.7 vs 737.9
 CLUSTER = 8
 DEFINES: dict[str, dict[str, object]] = {}
 

@@ -1,6 +1,7 @@
 // argmax over dim 0: the index of each row's largest value, I32. numpy's rules: the first index
-// wins on ties and the first NaN wins over every number. One block per row (a vocabulary row of a
-// greedy decode step: the step reads back one token id, not the logits).
+// wins on ties and the first NaN wins over every number. One block per row, or a long row's blocks
+// of one cluster (argmax_cl_vec_*: a vocabulary row of a greedy decode step, which reads back one
+// token id, not the logits).
 #include "common.cuh"
 
 // (value, index) pairs: b beats a when it is "larger" by numpy's argmax order.
