@@ -183,3 +183,26 @@ def test_cpu_written_between_stays_right():
     assert c in [s.out for s in conts(g.plan)], str(g.plan)
     g.compute()
     assert np.array_equal(out.numpy(), v0.T)
+
+
+@pytest.mark.parametrize("backends", [("cpu",), ("cudalike", "cpu")])
+def test_a_cont_of_an_elided_cont_reads_the_first_ones_source(backends):
+    """cont(cont(x)) before its one reader (the fuzzer's find): the first cont elided into the
+    second, the second into the reader, which reads x itself; both listed, the values unchanged."""
+    import cuda_shaped_backend  # noqa: F401 - registers "cudalike"
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((7, 5))
+    x = gg.tensor(a.astype(np.float32))
+    for src, m in ((x, a), (gg.transpose(x), a.T)):  # ggml's mul_mat(A, B): B @ A.T in numpy terms
+        b = rng.standard_normal((3, m.shape[1]))
+        out = gg.mul_mat(gg.cont(gg.cont(src)), gg.tensor(b.astype(np.float32)))
+        g = gg.build_forward(out, backends=backends)
+        assert len(elided(g.plan)) == 2 and not conts(g.plan), str(g.plan)
+        (step,) = [s for s in g.plan.steps if s.elided]
+        assert step.srcs(out)[0] is src
+        g.compute()
+        got = out.numpy()
+        assert nmse(got, b @ m.T) <= 1e-7
+        plain = gg.build_forward(out, backends=backends, fuse=False)
+        plain.compute()
+        assert np.array_equal(got, out.numpy())

@@ -4,7 +4,8 @@
 only to change its layout; the fused attention reads the strided view as fast. Generic rule: a
 single-node `cont` step is dropped, and its consumer step reads the cont's source in its place
 (`Step.subst`, listed in `Step.elided`), when all of these hold:
-- the cont's value has exactly one reader, a node of one later step on the same backend, read once;
+- the cont's value has exactly one reader, a node of one later step on the same backend, read once
+  (a cont of an elided cont reads that one's source: the consumer then reads it, both listed);
   it is no output or kept tensor and nothing views it (a view, reshape included, would need the
   copy's layout);
 - the cont converts nothing (same dtype: a cont never casts);
@@ -50,11 +51,12 @@ def elide_conts(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Tenso
     where = {n: j for j, s in enumerate(steps) for n in s.nodes}
     result = list(steps)
     dropped: set[int] = set()
-    for i, c in enumerate(steps):
+    for i in range(len(steps)):
+        c = result[i]  # with the subst of a cont elided into it (a cont of a cont)
         if c.ops != ("cont",) or c.inserted:
             continue
         cont = c.out
-        src = cont.src[0]
+        src = c.subst.get(cont.src[0], cont.src[0])
         users = readers.get(cont, [])
         if cont in keep or cont in viewed or len(users) != 1 or src.dtype is not cont.dtype:
             continue
@@ -72,6 +74,6 @@ def elide_conts(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Tenso
         then = be.choose(d.ops, d.nodes, lambda n: tuple(subst.get(s, s) for s in n.src))
         if then is None or type(then) is not type(now) or getattr(then, "file", None) != getattr(now, "file", None):
             continue
-        result[j] = replace(d, subst=subst, elided=d.elided + (cont,))
+        result[j] = replace(d, subst=subst, elided=d.elided + c.elided + (cont,))
         dropped.add(i)
     return [s for i, s in enumerate(result) if i not in dropped]

@@ -88,7 +88,7 @@ class Plan:
             for t in s.exports:  # the other values an epilogue fusion writes
                 rows.append(("", f"  and {t.op}", "", "", *where(t)))
             for t in s.elided:  # a cont made unnecessary: the step reads its source (shown) itself
-                rows.append(("", "  cont elided", "", "", *where(t.src[0])))
+                rows.append(("", "  cont elided", "", "", *where(s.subst.get(t, t.src[0]))))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
