@@ -143,3 +143,11 @@ def test_cast_of_a_reshaped_node_computes_when_fused():
     y = gg.cast(gg.reshape(gg.scale(x, 2.0), 2, 4), gg.F16)
     gg.build_forward(y, backends=("cpu",)).compute()
     np.testing.assert_array_equal(y.numpy(), (2 * np.arange(8)).reshape(4, 2).astype(np.float16))
+
+
+def test_a_cont_of_a_cont_before_a_product_computes():
+    """(tests/test_elide.py has it on cudalike plans and with a transposed source too.)"""
+    x, w = gg.tensor(np.array([1.5], np.float32)), gg.tensor(np.array([2.0], np.float32))
+    y = gg.mul_mat(gg.cont(gg.cont(x)), w)
+    gg.build_forward(y, backends=("cpu",)).compute()
+    np.testing.assert_array_equal(y.numpy(), [3.0])
