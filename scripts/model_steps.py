@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -64,7 +65,6 @@ def _trace(rt, steps, memory, path: str) -> None:
 def _token_loop(m, n: int, replay: float) -> None:
     """n tokens of decode_greedy from an empty cache (a warm-up run first), as `gg bench`'s tg: the
     figure next to the replay's shows what the host and the per-token copies add."""
-    import time
     runs = []
     for _ in range(4):
         m.cache.clear()

@@ -146,7 +146,8 @@ def test_cast_of_a_reshaped_node_computes_when_fused():
 
 
 def test_a_cont_of_a_cont_before_a_product_computes():
-    """(tests/test_elide.py has it on cudalike plans and with a transposed source too.)"""
+    """Cont elision dropped both conts but pointed the product at the first, which has no memory
+    (tests/test_elide.py checks cudalike plans and a transposed source too)."""
     x, w = gg.tensor(np.array([1.5], np.float32)), gg.tensor(np.array([2.0], np.float32))
     y = gg.mul_mat(gg.cont(gg.cont(x)), w)
     gg.build_forward(y, backends=("cpu",)).compute()
