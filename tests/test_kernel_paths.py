@@ -201,12 +201,13 @@ def test_every_kernel_waits_for_its_predecessor_first():
     """gg launches its kernels with programmatic stream serialization on sm_90+ (launch.py), which
     is only safe if each kernel's first statement waits for the kernel before it: gg_grid_sync(),
     after at most one call of an L2 prefetch helper (common.cuh gg_l2_prefetch: no data moves), or
-    the streaming mat-vec (quant.cu mvs_impl), which waits itself after copying only weights no
-    step writes (launch.unwritten; test_quant_ops.py checks both orders give the same bits)."""
+    the quantized mat-vecs (quant.cu mvs_impl, and mv_run through mul_mat_vec_impl / sibq_impl),
+    which wait themselves after copying only weights no step writes (launch.unwritten;
+    test_quant_ops.py checks both orders give the same bits)."""
     import re
     from gg.backends.cuda.compiler import KERNEL_DIR
     entries = 0
-    first = re.compile(r"(\w*l2_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?gg_grid_sync\(\);|mvs_impl<")
+    first = re.compile(r"(\w*l2_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?gg_grid_sync\(\);|(mvs|mul_mat_vec|sibq)_impl<")
     for path in sorted(KERNEL_DIR.glob("*.cu")):
         text = path.read_text()
         for m in re.finditer(r'extern "C" __global__[^{]*\{', text):

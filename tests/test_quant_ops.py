@@ -331,6 +331,71 @@ def test_streaming_pdl_flags(monkeypatch):
     assert flags("rope", "vecs", "vecs") == 0
 
 
+def test_matvec_pdl_flags(monkeypatch):
+    """The mat-vecs' pdl flag (blocks.early_flag(matvec=True), mul_mat_vec* / mul_mat_sibq*):
+    MVS_EARLY by the streaming rules, off with blocks.EARLY_MATVEC or launch.EARLY_WEIGHTS off."""
+    from types import SimpleNamespace
+    from gg.backends.cuda import launch
+    ctx = gg.Context()
+    w, out = ctx.new_tensor(gg.Q4_1, (576, 64)), ctx.new_tensor(gg.F32, (64,))
+    where = {w: 1 << 20, out: 0}
+
+    class Memory:
+        def locate(self, t):
+            return SimpleNamespace(ptr=1 << 32), where[t.root]
+
+    def flag(prev):  # of the second step of (prev, mat-vec)
+        steps = [SimpleNamespace(ops=prev, outs=[out], choice=SimpleNamespace()),
+                 SimpleNamespace(ops=("mul_mat",), outs=[out], choice=SimpleNamespace())]
+        with launch.bound(Memory(), steps):
+            return blocks.early_flag(steps[1], w, matvec=True)
+    assert flag(("soft_max",)) == blocks.MVS_EARLY and flag(("rms_norm", "mul")) == 0
+    assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == blocks.MVS_EARLY  # a normalizing product
+    where[w] = 0
+    assert flag(("soft_max",)) == 0
+    where[w] = 1 << 20
+    monkeypatch.setattr(blocks, "EARLY_MATVEC", False)
+    assert flag(("soft_max",)) == 0
+    monkeypatch.setattr(blocks, "EARLY_MATVEC", True)
+    monkeypatch.setattr(launch, "EARLY_WEIGHTS", False)
+    assert flag(("soft_max",)) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", blocks.TYPES)
+def test_matvec_chain_early_weights_change_nothing(dt, rng, monkeypatch):
+    """A small model's chain of mat-vec steps (none streams): a normalized stacked-QKV sibling
+    step, a SwiGLU sibling step, a product with a residual (mul_mat_vec1), a 3-column product
+    (mul_mat_vec): their blocks copy their first weights before waiting for the kernel before
+    them (blocks.EARLY_MATVEC) or after; the same bits, over two computes with new x."""
+    ctx = gg.Context()
+    K, F = 512, 1536
+    wq, wk, wv, wo = (random_weights(rng, dt, m, K, ctx) for m in (K, 128, 128, K))
+    wg, wu, wd = random_weights(rng, dt, F, K, ctx), random_weights(rng, dt, F, K, ctx), random_weights(rng, dt, K, F, ctx)
+    w3 = random_weights(rng, dt, 96, K, ctx)
+    xt = ctx.tensor(rng.standard_normal(K).astype(np.float32))
+    hn = gg.mul(gg.rms_norm(xt, 1e-5), ctx.tensor(rng.standard_normal(K).astype(np.float32)))
+    qkv = [gg.mul_mat(w, hn) for w in (wq, wk, wv)]
+    h = gg.add(gg.mul_mat(wo, qkv[0]), xt)
+    f = gg.add(gg.mul_mat(wd, gg.mul(gg.silu(gg.mul_mat(wg, h)), gg.mul_mat(wu, h))), h)
+    y3 = gg.mul_mat(w3, ctx.tensor(rng.standard_normal((3, K)).astype(np.float32)))
+    outs = (*qkv, f, y3)
+    xs = [rng.standard_normal(K).astype(np.float32) for _ in range(2)]
+    got = []
+    for early in (True, False):
+        monkeypatch.setattr(blocks, "EARLY_MATVEC", early)
+        g = gg.build_forward(*outs, backends=("cuda",))
+        assert not any(s.kernel.startswith(("mul_mat_vecs", "mul_mat_sibs")) for s in g.plan.steps), str(g.plan)
+        assert sum(s.kernel.startswith("mul_mat_sibq") for s in g.plan.steps) == 2, str(g.plan)
+        for xa in xs:
+            xt.set(xa)
+            g.compute()
+            got.append([o.numpy().copy() for o in outs])
+    for a, b in ((got[0], got[2]), (got[1], got[3])):
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(u, v)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt", blocks.QX_TYPES)
 def test_quantized_activations_error_is_ggmls(dt, rng):

@@ -77,7 +77,10 @@ MVS_MIN_BLOCKS = 264
 # (Vecs). Nsight Compute on llama-3-8B dims: 512 blocks of whole rows kept 15 warps an SM and
 # 40% of DRAM bandwidth, latency-bound (docs/performance.md).
 MVS_MAX_PARTS = 8
-MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args)
+MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
+# mul_mat_vec* and mul_mat_sibq* copy their first chunks of weights before the wait too (early_flag):
+# the small models' products (SmolLM2: every one), latency-bound, start with their weights on the way
+EARLY_MATVEC = True
 MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
 # elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
@@ -239,18 +242,28 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     before waiting for the kernel before (no step of the plan writes them: launch.unwritten; not
     behind a normalization); let the next kernel launch only once the copies have landed (it
     streams too)."""
-    flags = 0
+    flags = early_flag(step, *weights)
     if launch.EARLY_WEIGHTS:
-        prev, nxt = launch.preceding(step), launch.following(step)
-        early = (all(launch.unwritten(w) for w in weights)
-                 and not (prev is not None and prev.ops[0] in launch.NOT_EARLY_BEHIND))
-        late = nxt is not None and getattr(nxt.choice, "vecs", None) is not None
-        flags = (MVS_EARLY if early else 0) | (MVS_LATE if late else 0)
+        nxt = launch.following(step)
+        flags |= MVS_LATE if nxt is not None and getattr(nxt.choice, "vecs", None) is not None else 0
     if v.parts == 1:
         args.i32(1).ptr(0).ptr(0)
     else:
         args.i32(v.parts).ptr(launch.scratch(step)).ptr(launch.table(step, np.zeros(v.row_blocks, np.int32)))
     return args.i32(flags)
+
+
+def early_flag(step, *weights: Tensor, matvec: bool = False) -> int:
+    """MVS_EARLY when a quantized mat-vec step may copy its first chunk of `weights` before it
+    waits for the kernel before (launch.EARLY_WEIGHTS; matvec: a mul_mat_vec* / mul_mat_sibq*
+    step, EARLY_MATVEC too): no step of the plan writes them (launch.unwritten), and the step
+    before is no normalization step (its one block's loads would queue behind the copies; a
+    product that normalizes its input on the way in is no such step)."""
+    if not launch.EARLY_WEIGHTS or (matvec and not EARLY_MATVEC):
+        return 0
+    prev = launch.preceding(step)
+    behind_norm = prev is not None and prev.ops[0] in launch.NOT_EARLY_BEHIND and "mul_mat" not in prev.ops
+    return MVS_EARLY if all(launch.unwritten(w) for w in weights) and not behind_norm else 0
 
 
 def variants() -> list[Variant]:

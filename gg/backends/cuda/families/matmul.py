@@ -411,7 +411,7 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
         args = (Args().ptr(addr(a)).i64(a.nb[1]).ptr(addr(b)).i64(b.nb[1] // 4).ptr(addr(out))
                 .i64(out.nb[1] // 4).ptr(addr(r) if r is not None else 0).i64(r.nb[1] // 4 if r is not None else 0)
-                .i64(a.ne[1]).i64(a.ne[0]).i32(ncols))
+                .i64(a.ne[1]).i64(a.ne[0]).i32(ncols).i32(blocks.early_flag(step, a, matvec=True)))
         return [Launch(rt, k.file, k.symbol, grid, block, args, what=what)]
     if isinstance(k, QuantGemm):
         return _lower_quant_gemm(rt, step, k, out, a, b, what)

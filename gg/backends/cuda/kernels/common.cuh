@@ -336,9 +336,10 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 // and their writes are visible, then let the next one start launching. The host launches gg's
 // kernels with programmatic stream serialization on sm_90+ (launch.py), so a kernel's blocks may
 // be scheduled while its predecessor's last blocks still run: only the launch latency overlaps,
-// never memory accesses. Without that launch attribute (or before sm_90) both are no-ops. The one
-// kernel that splits the two is the streaming quantized mat-vec (quant.cu mvs_impl): it copies
-// weights no step of the plan writes before its wait, and may let its successor launch late.
+// never memory accesses. Without that launch attribute (or before sm_90) both are no-ops. The
+// kernels that split the two are the quantized mat-vecs (quant.cu mvs_impl, mv_run): they copy
+// weights no step of the plan writes before their wait (the streaming one may let its successor
+// launch late).
 __device__ __forceinline__ void gg_grid_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -615,7 +615,7 @@ template <class Q, int R, int NMAX, int AL, bool SIB, bool NORM, int ACT, bool Q
 __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                        i64 y_stride, const float* res, i64 res_stride, i64 n_rows, int K, int ncols,
                                        u8* smem, float* tab, float* fin, i64 blk, const MvExtra& e,
-                                       const SibEpi* epi = nullptr, int member = 0) {
+                                       const SibEpi* epi = nullptr, int member = 0, int pdl = 0) {
     typedef MV<Q> T;
     constexpr int NT = QUANT_MV_THREADS, S = QUANT_MV_STAGES, STAGE = MvGeom<Q>::stage_bytes(R);
     static_assert(ACT == MV_ACT_NONE || (R % 2 == 0 && NMAX == 1), "SwiGLU: gate and up rows in pairs, one column");
@@ -635,6 +635,7 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
     int split = no;
     if constexpr (EPI) epi_rows(*epi, member, b0, ob, r0, split, jump);
     if (K <= 0) {  // empty rows: every sum is 0 (the sibling kernels never get K = 0)
+        gg_grid_sync();
         const int N0 = NMAX == 1 ? 1 : ncols;
         for (int e = tid; e < nr * N0; e += NT)
             y[(e / nr) * y_stride + r0 + e % nr] = res ? res[(e / nr) * res_stride + r0 + e % nr] : 0.0f;
@@ -686,11 +687,20 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
 #pragma unroll
         for (int n = 0; n < NMAX; ++n) acc[m][n] = 0.0f;
 
+    // The first S - 1 chunks of weights: with QUANT_MVS_EARLY in `pdl` (the host found no step of
+    // the plan writing them) before waiting for the kernel before, so a block made resident while
+    // its predecessor runs (PDL) has them on the way, as the streaming build does (mvs_impl).
+    const bool early = pdl & QUANT_MVS_EARLY;
+    auto prologue = [&]() {
 #pragma unroll
-    for (int c = 0; c < S - 1; ++c) {
-        if (c < nchunks) issue(c);
-        cp_async_commit();
-    }
+        for (int c = 0; c < S - 1; ++c) {
+            if (c < nchunks) issue(c);
+            cp_async_commit();
+        }
+    };
+    if (early) prologue();
+    gg_grid_sync();  // nothing but those weights is read before this
+    if (!early) prologue();
     for (int c = 0; c < nchunks; ++c) {
         if (c + S - 1 < nchunks) issue(c + S - 1);  // into the stage chunk c - 1 used (freed below)
         cp_async_commit();
@@ -812,7 +822,7 @@ template <class Q, int R, int NMAX, bool SIB = false, bool NORM = false, int ACT
 __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,
                                                  i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,
                                                  int ncols, i64 blk, const MvExtra& e, const SibEpi* epi = nullptr,
-                                                 int member = 0) {
+                                                 int member = 0, int pdl = 0) {
     constexpr int STAGE = MvGeom<Q>::stage_bytes(R);
     static_assert(QUANT_MV_STAGES * STAGE >= (R + NORM) * QUANT_MV_THREADS * 4, "the row sums reuse the stages");
     __shared__ __align__(16) u8 smem[QUANT_MV_STAGES * STAGE];
@@ -822,13 +832,13 @@ __device__ __forceinline__ void mul_mat_vec_impl(const char* w, i64 w_nb1, const
     if (ACT != MV_ACT_NONE) a |= (unsigned long long)e.w2;
     if ((a & 3) == 0)
         mv_run<Q, R, NMAX, 2, SIB, NORM, ACT, QX, EPI>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows,
-                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
+                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member, pdl);
     else if ((a & 1) == 0)
         mv_run<Q, R, NMAX, 1, SIB, NORM, ACT, QX, EPI>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows,
-                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
+                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member, pdl);
     else
         mv_run<Q, R, NMAX, 0, SIB, NORM, ACT, QX, EPI>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows,
-                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member);
+                                              (int)ne0, ncols, smem, tab, fin, blk, e, epi, member, pdl);
 }
 
 // ---- streaming mat-vec: one column, every block type, int8 activations (`mul_mat_vecs_*_qx`) -------
@@ -1336,7 +1346,7 @@ struct QSibSet {
 };
 
 template <class Q, bool NORM, int ACT, bool QX = false, bool EPI = false>
-__device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps,
+__device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps, int pdl,
                                           const SibEpi* epi = nullptr) {
     // the block's product, with constant indices only (a parameter indexed at run time is copied
     // to local memory first)
@@ -1351,23 +1361,23 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     }
     const MvExtra e{nw, eps, ACT != MV_ACT_NONE ? s.m[1].a : nullptr};
     mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT, QX, EPI>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows,
-                                                                  s.K, 1, (i64)blockIdx.x - p.block0, e, epi, member);
+                                                                  s.K, 1, (i64)blockIdx.x - p.block0, e, epi, member, pdl);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
-// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps): the sibling mat-vecs above.
+// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps, pdl): the sibling mat-vecs above
+// (pdl as mul_mat_vec1's).
 #define GG_SIBQ_X(Q, S, NORM, ACT, QX, NAME, SUF)                                                                  \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
-        mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps) {              \
-        gg_grid_sync();                                                                                           \
-        sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps);                                                               \
+        mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, int pdl) {     \
+        sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps, pdl);                                                          \
     }
-// mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi): with the epilogue (epilogue.cuh).
+// mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi, pdl): with the epilogue (epilogue.cuh).
 #define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
-        mul_mat_sibq##NAME##_epi_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, SibEpi epi) { \
-        gg_grid_sync();                                                                                           \
-        sibq_impl<Q, NORM, MV_ACT_NONE, QX, true>(s, x, nw, eps, &epi);                                            \
+        mul_mat_sibq##NAME##_epi_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, SibEpi epi, \
+                                                int pdl) {                                                        \
+        sibq_impl<Q, NORM, MV_ACT_NONE, QX, true>(s, x, nw, eps, pdl, &epi);                                       \
     }
 // Every sibling build of a type: without/with the norm, plain, SwiGLU and GeGLU, with the epilogue.
 #define GG_SIBQ_SET(Q, S, QX, SUF)                                                                                \
@@ -1384,16 +1394,17 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
         mul_mat_vec1_##S##_f32##SUF(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y,            \
                                     i64 y_stride, const float* res, i64 res_stride, i64 n_rows, i64 ne0,         \
-                                    int ncols) {                                                                  \
-        gg_grid_sync();                                                                                           \
+                                    int ncols, int pdl) {                                                         \
         mul_mat_vec_impl<Q, MV<Q>::ROWS1, 1, false, false, MV_ACT_NONE, QX>(                                      \
-            w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0, ncols, blockIdx.x, MvExtra{});      \
+            w, w_nb1, x, x_stride, y, y_stride, res, res_stride, n_rows, ne0, ncols, blockIdx.x, MvExtra{}, nullptr, \
+            0, pdl);                                                                                              \
     }
 
 // dequant_rows_<t>_<o>: dst row r (o = f32 | f16) = source row r dequantized.
 // get_rows_<t>_<o>: dst row r = source row ids[r].
 // mul_mat_vec_<t>_f32: ncols 1..8; mul_mat_vec1_<t>_f32: one column (ncols ignored), fewer
-// registers for decode proper. Both add `res` (null: nothing) as they write (mv_run).
+// registers for decode proper. Both add `res` (null: nothing) as they write (mv_run); `pdl`:
+// QUANT_MVS_EARLY copies the first chunks of weights before the wait (mv_run).
 #define GG_QUANT_KERNELS(Q, S)                                                                                    \
     extern "C" __global__ void dequant_rows_##S##_f32(const char* src, i64 src_nb1, char* dst, i64 dst_nb1,        \
                                                       i64 n_rows, i64 ne0) {                                      \
@@ -1419,10 +1430,10 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, 3)                                                \
         mul_mat_vec_##S##_f32(const char* w, i64 w_nb1, const float* x, i64 x_stride, float* y, i64 y_stride,     \
-                              const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols) {                 \
-        gg_grid_sync();                                                                                           \
+                              const float* res, i64 res_stride, i64 n_rows, i64 ne0, int ncols, int pdl) {        \
         mul_mat_vec_impl<Q, QUANT_MV_ROWS_N, QUANT_MV_NMAX>(w, w_nb1, x, x_stride, y, y_stride, res, res_stride,  \
-                                                            n_rows, ne0, ncols, blockIdx.x, MvExtra{});           \
+                                                            n_rows, ne0, ncols, blockIdx.x, MvExtra{}, nullptr, 0, \
+                                                            pdl);                                                 \
     }                                                                                                             \
     GG_QUANT_VEC1(Q, S, false, )                                                                                  \
     GG_SIBQ_SET(Q, S, false, )
