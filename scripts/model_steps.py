@@ -5,7 +5,7 @@ its cost on the critical path, boundaries included; timing only, results are non
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
         [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
-        [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N]   (A/B switches of the plan)
+        [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N]   (A/B switches of the plan)
         [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
@@ -107,6 +107,8 @@ def main() -> None:
     ap.add_argument("--argmax-cluster", type=int, default=None, help="reduce.CLUSTER (0: one block a row)")
     ap.add_argument("--sib-batch", type=int, default=None, help="siblings.BATCH (the F16 sibling builds' loads in flight)")
     ap.add_argument("--sib-act-rows", type=int, default=None, help="siblings.ACT_ROWS (SwiGLU rows of each weight a block)")
+    ap.add_argument("--sib-small-rows", type=int, default=None, help="blocks.SIB_SMALL_ROWS (rows a slot of small "
+                    "quantized sibling steps; 0: the default build)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
     ap.add_argument("--mv1-rows", default="", help="blocks.MV1_ROWS of a type, e.g. q4_1=8 (mul_mat_vec1)")
     ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
@@ -156,6 +158,9 @@ def main() -> None:
         launch.EARLY_WEIGHTS = False
     if a.no_early_mv:
         blocks.EARLY_MATVEC = False
+    if a.sib_small_rows is not None:
+        blocks.SIB_SMALL_ROWS = a.sib_small_rows
+        blocks.DEFINES["quant.cu"]["QUANT_SIB_SMALL_ROWS"] = a.sib_small_rows or blocks.MV_ROWS[gg.Q4_0]
     if a.min_blocks is not None:
         blocks.MVS_MIN_BLOCKS = a.min_blocks
     if a.mvs_parts is not None:

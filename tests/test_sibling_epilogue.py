@@ -111,7 +111,8 @@ def quant_epilogue(monkeypatch):
 
 def test_quantized_weights_keep_the_epilogue_off_by_default(rng):
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, K=512, hd=64)
-    assert g.plan.steps[0].ops == PRODUCTS and g.plan.steps[0].kernel == "mul_mat_sibq_norm_q4_0_f32_qx"
+    # (matrices this small take the build of fewer rows a block, blocks.SIB_SMALL_ROWS)
+    assert g.plan.steps[0].ops == PRODUCTS and g.plan.steps[0].kernel == "mul_mat_sibq_norm_q4_0_f32_qx_small"
 
 
 @pytest.mark.parametrize("wdt", QUANT)
@@ -132,10 +133,11 @@ def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode, quant_epi
 
 
 def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng, quant_epilogue):
-    """K = 576 (SmolLM2): 3 row groups of 8 share a Q4_0 block, 24 rows that do not divide a
-    64-row head: NEOX keeps its rope a step, NORMAL (pairs of adjacent rows) does not."""
+    """K = 576 (SmolLM2): 3 row groups of 8 share a Q4_0 block of the epilogue build, 24 rows that
+    do not divide a 64-row head: NEOX keeps its rope a step (and its products the build of 4 rows
+    a group, blocks.SIB_SMALL_ROWS), NORMAL (pairs of adjacent rows) does not."""
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NEOX, K=576, hd=64)
-    assert g.plan.steps[0].choice.per == 24
+    assert g.plan.steps[0].choice.per == 12 and g.plan.steps[0].kernel.endswith("_small")
     assert g.plan.steps[0].ops == PRODUCTS and any(s.ops == ("rope",) for s in g.plan.steps)
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NORMAL, K=576, hd=64)
     assert g.plan.steps[0].ops == PRODUCTS + ("rope", "cpy", "cpy", "rope")

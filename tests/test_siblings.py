@@ -342,6 +342,15 @@ def quant_siblings(rng, dts, K, rows, norm=True, act=""):
     return [gg.mul(getattr(gg, act)(prods[0]), prods[1])], [f(refs[0]) * refs[1]]
 
 
+def sibq_symbol(weights, norm: bool, act: str = "") -> str:
+    """The mul_mat_sibq_* build of sibling products of `weights` (its _small one for small QX
+    matrices, blocks.small_siblings)."""
+    from gg.backends.cuda.families import blocks
+    dt = weights[0].dtype
+    small = "_small" if blocks.small_siblings(list(weights)) else ""
+    return f"mul_mat_sibq{'_norm' if norm else ''}{'_' + act if act else ''}_{dt.name}_f32{blocks.qx(dt)}{small}"
+
+
 def act_symbol(out, act: str, norm: bool) -> str:
     """The kernel of the SwiGLU / GeGLU sibling step making `out` (act(Wg h) * (Wu h)): the
     streaming build for the types it has (with or without the norm), else mul_mat_sibq_*."""
@@ -349,7 +358,7 @@ def act_symbol(out, act: str, norm: bool) -> str:
     gate = out.src[0].src[0].src[0]
     if blocks.streams(gate) and (blocks.STREAM_NORM or not norm):
         return blocks.sibs_symbol(gate, act, norm)
-    return f"mul_mat_sibq{'_norm' if norm else ''}_{act}_{gate.dtype.name}_f32{blocks.qx(gate.dtype)}"
+    return sibq_symbol([gate, out.src[1].src[0]], norm, act)
 
 
 @pytest.mark.parametrize("dt", QTYPES)
@@ -357,7 +366,7 @@ def test_quant_qkv_with_norm_is_one_step(rng, dt):
     outs, _ = quant_siblings(rng, [dt] * 3, 4096, (4096, 1024, 1024))
     plan = gg.build_forward(*outs, backends=CUDA).plan
     (s,) = plan.steps
-    assert s.ops == ("rms_norm", "mul") + ("mul_mat",) * 3 and s.kernel == f"mul_mat_sibq_norm_{dt.name}_f32{blocks.qx(dt)}"
+    assert s.ops == ("rms_norm", "mul") + ("mul_mat",) * 3 and s.kernel == sibq_symbol([o.src[0] for o in outs], True)
     assert s.choice.quant and s.choice.file == "quant.cu"
     assert s.exports == tuple(outs[:2]) and s.out is outs[2]
     assert len({plan.alloc.offsets[p] for p in outs}) == 3
@@ -391,14 +400,14 @@ def test_quant_big_ffn_norm(rng, dt, stream_norm, monkeypatch):
     if stream_norm and dt in family.blocks.STREAM_TYPES:
         assert step.kernel == act_symbol(y, "silu", norm=True) and step.kernel.startswith("mul_mat_sibs")
     else:
-        assert step.kernel == f"mul_mat_sibq_norm_silu_{dt.name}_f32{family.blocks.qx(dt)}"
+        assert step.kernel == act_symbol(y, "silu", norm=True) and step.kernel.startswith("mul_mat_sibq_norm_silu")
 
 
 def test_quant_mixed_block_types_are_not_merged(rng):
     outs, _ = quant_siblings(rng, [gg.Q8_0, gg.Q4_0, gg.Q4_0], 4096, (512, 256, 256), norm=False)
     plan = gg.build_forward(*outs, backends=CUDA).plan
     assert [s.ops for s in plan.steps] == [("mul_mat",), ("mul_mat",) * 2]
-    assert plan.steps[1].kernel == "mul_mat_sibq_q4_0_f32_qx"
+    assert plan.steps[1].kernel == sibq_symbol([o.src[0] for o in outs[1:]], False)
 
 
 def test_quant_and_float_weights_are_not_merged(rng):
@@ -436,7 +445,7 @@ def test_cuda_quant_siblings(rng, dt, shape, norm):
     outs, refs = quant_siblings(rng, [dt] * len(rows), K, rows, norm=norm)
     g, fused = _compute(outs, CUDA)
     (s,) = g.plan.steps
-    assert s.kernel == f"mul_mat_sibq{'_norm' if norm else ''}_{dt.name}_f32{blocks.qx(dt)}"
+    assert s.kernel == sibq_symbol([o.src[0] for o in outs], norm)
     gp, plain = _compute(outs, CUDA, fuse=False)
     for out, f, p, r in zip(outs, fused, plain, refs):
         if norm or blocks.streams(out.src[0]):  # apart, the product runs the streaming mat-vec
@@ -460,6 +469,24 @@ def test_cuda_quant_swiglu(rng, dt, act, K, M, norm, stream_norm, monkeypatch):
     gp, (plain,) = _compute(outs, CUDA, fuse=False)
     assert nmse(fused, plain) <= nmse_fused_vs_plain(g, gp)
     assert nmse(fused, refs[0].reshape(fused.shape)) <= nmse_vs_reference(g)
+
+
+@cuda
+@pytest.mark.parametrize("dt", [gg.Q4_0, gg.Q4_1])
+@pytest.mark.parametrize("norm,act,K,rows", [(True, "", 576, (576, 192, 192)), (False, "", 2304, (1029, 257, 131)),
+                                              (True, "silu", 576, (1536, 1536)), (False, "gelu", 512, (45, 45))])
+def test_cuda_small_siblings_equal_the_default_build(rng, dt, norm, act, K, rows, monkeypatch):
+    """Small QX matrices take 4 rows a slot (mul_mat_sibq*_qx_small, blocks.SIB_SMALL_ROWS): the
+    same sums, bit for bit, as the default build (SIB_SMALL_ROWS = 0), and the reference."""
+    outs, refs = quant_siblings(rng, [dt] * len(rows), K, rows, norm=norm, act=act)
+    g, small = _compute(outs, CUDA)
+    assert g.plan.steps[0].kernel.endswith("_qx_small") and len(g.plan.steps) == 1, str(g.plan)
+    monkeypatch.setattr(blocks, "SIB_SMALL_ROWS", 0)
+    g8, default = _compute(outs, CUDA)
+    assert not g8.plan.steps[0].kernel.endswith("_small")
+    for s, d, r in zip(small, default, refs):
+        np.testing.assert_array_equal(s, d)
+        assert nmse(s, r.reshape(s.shape)) <= nmse_vs_reference(g)
 
 
 @pytest.mark.compile_all
@@ -488,8 +515,17 @@ def test_quant_sibling_launches_fit_their_kernels(rng, monkeypatch):
             want = (blocks.vecs_name(dt, blocks.vecs(dt, 96, 512, norm=True).R, norm=True) if blocks.streams(one.src[0])
                     else f"mul_mat_sibq_norm_{dt.name}_f32{suffix}")
             assert graphs[-1].plan.steps[0].kernel == want
+    monkeypatch.setattr(blocks, "QUANT_ACTIVATIONS", True)
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 2 ** 22)  # nothing streams: the _small builds
+    for dt in blocks.QX_TYPES:
+        for norm, act in ((True, ""), (False, ""), (True, "silu"), (False, "gelu")):
+            outs, _ = quant_siblings(rng, [dt] * (2 if act else 3), 576, (64, 64) if act else (64, 32, 32),
+                                     norm=norm, act=act)
+            graphs.append(gg.build_forward(*outs, backends=("cuda",)))
+            assert graphs[-1].plan.steps[0].kernel.endswith("_qx_small")
     rt, records = _lowered(graphs)
     names = {r.name for r in records}
-    assert len(names) == 33 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
-    assert {"mul_mat_vecs4_norm_q4_0_f32_qx", "mul_mat_sibs4_norm_silu_q4_1_f32_qx"} <= names
+    assert len(names) == 41 and all(n.startswith(("mul_mat_sibq", "mul_mat_sibs", "mul_mat_vecs")) for n in names)
+    assert {"mul_mat_vecs4_norm_q4_0_f32_qx", "mul_mat_sibs4_norm_silu_q4_1_f32_qx",
+            "mul_mat_sibq_norm_q4_1_f32_qx_small", "mul_mat_sibq_gelu_q4_0_f32_qx_small"} <= names
     assert not [m for r in records if (m := mismatch(rt, r))]

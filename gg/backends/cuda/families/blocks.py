@@ -37,6 +37,11 @@ MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
 # (576-wide, 24 -> 48 blocks) replayed a token in 747.5 us with 4 rows, 786-792 with 8 (H100; the
 # siblings too at 4: 734.8, but the 8B norm+QKV step got slower, docs/performance.md).
 MV1_ROWS = {**MV_ROWS, Q4_0: 4, Q4_1: 4}
+# ... of the sibling steps of QX_TYPES weights below MVS_MIN_ELEMENTS (mul_mat_sibq*_qx_small; 0:
+# none): a SmolLM2 step (576-wide rows, 3 slots a block) gets 80 blocks instead of 40 for its
+# stacked QKV. H100: its token 734.6 us with 4 rows against 747.5 with 8, while the 8B norm+QKV
+# step (now a streaming build) was slower with 4 (docs/performance.md, tenth session).
+SIB_SMALL_ROWS = 4
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
 # Resident blocks per SM the sibling builds are compiled for (`__launch_bounds__`): the plain
@@ -91,6 +96,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
+                        "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
@@ -106,13 +112,22 @@ def dequant_grid(dtype: DType, n_rows: int, ne0: int) -> tuple[tuple[int, int, i
     return (-(-n_rows * tiles // WARPS), 1, 1), (32, WARPS, 1)
 
 
-def matvec_rows(dtype: DType, ne0: int, ncols: int, sibling: bool = False) -> int:
-    """Weight rows one block of mul_mat_vec* (sibling: of a mul_mat_sibq* product) takes: `slots`
-    groups of R rows, where a row keeps tpr = min(MV_THREADS, ne0 / MV_ITEM) threads busy (the
-    kernel derives the same numbers)."""
+def matvec_rows(dtype: DType, ne0: int, ncols: int, sibling: bool = False, small: bool = False) -> int:
+    """Weight rows one block of mul_mat_vec* (sibling: of a mul_mat_sibq* product; small: of its
+    _small build) takes: `slots` groups of R rows, where a row keeps tpr = min(MV_THREADS, ne0 /
+    MV_ITEM) threads busy (the kernel derives the same numbers)."""
     tpr = max(1, min(MV_THREADS, ne0 // MV_ITEM))
     slots = min(MV_SLOTS, MV_THREADS // tpr)
-    return slots * ((MV_ROWS if sibling else MV1_ROWS)[dtype] if ncols == 1 else MV_ROWS_MULTI)
+    if ncols != 1:
+        return slots * MV_ROWS_MULTI
+    return slots * (SIB_SMALL_ROWS if small else (MV_ROWS if sibling else MV1_ROWS)[dtype])
+
+
+def small_siblings(weights: "list[Tensor]") -> bool:
+    """Sibling products of these weights take the _small build (SIB_SMALL_ROWS rows a slot): QX
+    types, every matrix below MVS_MIN_ELEMENTS (the size under which nothing streams)."""
+    return (SIB_SMALL_ROWS > 0 and QUANT_ACTIVATIONS and weights[0].dtype in QX_TYPES
+            and all(a.ne[0] * a.ne[1] < MVS_MIN_ELEMENTS for a in weights))
 
 
 def matvec_grid(dtype: DType, n_rows: int, ne0: int,

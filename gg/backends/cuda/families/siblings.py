@@ -9,7 +9,7 @@ Groups this family runs (ops, in the Step's node order):
   [rms_norm, mul,] mul_mat, mul_mat, silu|gelu, mul the gate's product first, then up's"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -147,9 +147,10 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
             k = Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
                          vecs=v, scratch=v.scratch, table=v.table)
         else:
-            per = blocks.matvec_rows(wdt, K, 1, sibling=True)
-            k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt), rows, norm, act, blocks.MV_THREADS,
-                         per // 2 if act else per, quant=True)
+            small = blocks.small_siblings(weights)
+            per = blocks.matvec_rows(wdt, K, 1, sibling=True, small=small)
+            k = Siblings("quant.cu", "mul_mat_sibq" + name + blocks.qx(wdt) + ("_small" if small else ""), rows,
+                         norm, act, blocks.MV_THREADS, per // 2 if act else per, quant=True)
             if norm and not _norm_fits(sum(k.blocks), K):
                 return None
     else:
@@ -219,6 +220,8 @@ def variants() -> list[Variant]:
             + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32{qx}")
                for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")
                for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES]
+            + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32_qx_small")
+               for t in blocks.QX_TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
             + _epi_variants())
 
 
@@ -347,6 +350,10 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
     allowed = QUANT_EPILOGUE if k.quant else k.per == 2  # siblings.cu's epilogue ropes a block's two rows
     if not allowed:
         return None
+    if k.symbol.endswith("_small"):  # the epilogue builds take the default rows a slot
+        weight = srcs(prods[0])[0]
+        k = replace(k, symbol=k.symbol[:-len("_small")],
+                    per=blocks.matvec_rows(weight.dtype, weight.ne[0], 1, sibling=True))
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
     tbytes = 0

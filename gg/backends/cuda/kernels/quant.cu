@@ -1345,7 +1345,8 @@ struct QSibSet {
     QSibMember m[QUANT_SIB_MAX];
 };
 
-template <class Q, bool NORM, int ACT, bool QX = false, bool EPI = false>
+// R: rows of each slot (MV<Q>::ROWS, or the small builds' QUANT_SIB_SMALL_ROWS).
+template <class Q, bool NORM, int ACT, bool QX = false, bool EPI = false, int R = MV<Q>::ROWS>
 __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, const float* nw, float eps, int pdl,
                                           const SibEpi* epi = nullptr) {
     // the block's product, with constant indices only (a parameter indexed at run time is copied
@@ -1360,8 +1361,8 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
         }
     }
     const MvExtra e{nw, eps, ACT != MV_ACT_NONE ? s.m[1].a : nullptr};
-    mul_mat_vec_impl<Q, MV<Q>::ROWS, 1, true, NORM, ACT, QX, EPI>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows,
-                                                                  s.K, 1, (i64)blockIdx.x - p.block0, e, epi, member, pdl);
+    mul_mat_vec_impl<Q, R, 1, true, NORM, ACT, QX, EPI>(p.a, p.nb1, x, 0, (float*)p.out, 0, nullptr, 0, p.rows,
+                                                        s.K, 1, (i64)blockIdx.x - p.block0, e, epi, member, pdl);
 }
 
 // ---- entry points -----------------------------------------------------------------------------
@@ -1371,6 +1372,13 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, int pdl) {     \
         sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps, pdl);                                                          \
+    }
+// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32_qx_small: the same with QUANT_SIB_SMALL_ROWS rows a slot,
+// for matrices too small to fill the GPU with MV<Q>::ROWS (SmolLM2's; blocks.SIB_SMALL_ROWS).
+#define GG_SIBQ_SMALL(Q, S, NORM, ACT, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
+        mul_mat_sibq##NAME##_##S##_f32_qx_small(QSibSet s, const float* x, const float* nw, float eps, int pdl) { \
+        sibq_impl<Q, NORM, ACT, true, false, QUANT_SIB_SMALL_ROWS>(s, x, nw, eps, pdl);                            \
     }
 // mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi, pdl): with the epilogue (epilogue.cuh).
 #define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
@@ -1440,7 +1448,15 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
 
 // The QX builds (quantized activations, __dp4a): mul_mat_vec1_<t>_f32_qx and the sibling builds
 // mul_mat_sibq*_<t>_f32_qx, for the 4-bit types (Q8_0's measured no faster: blocks.QX_TYPES).
-#define GG_QUANT_QX(Q, S) GG_QUANT_VEC1(Q, S, true, _qx) GG_SIBQ_SET(Q, S, true, _qx)
+#define GG_QUANT_QX(Q, S)                                                                                         \
+    GG_QUANT_VEC1(Q, S, true, _qx)                                                                                \
+    GG_SIBQ_SET(Q, S, true, _qx)                                                                                  \
+    GG_SIBQ_SMALL(Q, S, false, MV_ACT_NONE, )                                                                     \
+    GG_SIBQ_SMALL(Q, S, true, MV_ACT_NONE, _norm)                                                                 \
+    GG_SIBQ_SMALL(Q, S, false, MV_ACT_SILU, _silu)                                                                \
+    GG_SIBQ_SMALL(Q, S, true, MV_ACT_SILU, _norm_silu)                                                            \
+    GG_SIBQ_SMALL(Q, S, false, MV_ACT_GELU, _gelu)                                                                \
+    GG_SIBQ_SMALL(Q, S, true, MV_ACT_GELU, _norm_gelu)
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)
