@@ -445,10 +445,11 @@ def _norm_case(rng, dt, rows, k):
 
 def _norm_kernel(w) -> str:
     """The normalizing one-product step's kernel: the streaming build's _norm variant where the
-    weights stream (blocks.STREAM_NORM), else mul_mat_sibq_norm_*."""
+    weights stream (blocks.STREAM_NORM), else mul_mat_sibq_norm_* (its _small build for small 4-bit
+    matrices, blocks.small_siblings)."""
     if blocks.STREAM_NORM and blocks.streams(w):
         return blocks.vecs_name(w.dtype, blocks.vecs(w.dtype, w.ne[1], w.ne[0], norm=True).R, norm=True)
-    return f"mul_mat_sibq_norm_{w.dtype.name}_f32{blocks.qx(w.dtype)}"
+    return f"mul_mat_sibq_norm_{w.dtype.name}_f32{blocks.qx(w.dtype)}{'_small' if blocks.small_siblings([w]) else ''}"
 
 
 @pytest.mark.parametrize("dt", TYPES)
