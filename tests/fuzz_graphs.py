@@ -262,6 +262,11 @@ class Evaluation:
                             r = int(idx[k3 % idx.shape[0], k2 % idx.shape[1], j])
                             self.leaf[it.root][pos[k3, k2, r]] = v[k3, k2, j]
             else:
+                if it.op == "mul_mat" and self.rng is not None:
+                    # a product's error (F32 sums, int8 activations) is relative to its terms, not to
+                    # their sum: the activations take the noise too, so a sum that cancels reads as
+                    # ill-conditioned (a Q4_0 dot of 32 terms summing to 0.2% of sum |w x| was flagged)
+                    ins = [ins[0], self._noisy(ins[1], OP_TOL["mul_mat"])]
                 v = stored(apply(it.op, it.params, ins, it), it.dtype)
                 if it.dtype is not I32:
                     v = self._noisy(v, OP_TOL[it.op] + STORAGE_TOL[it.dtype])

@@ -23,7 +23,7 @@ def products_with_quantized_activations(graph) -> int:
     """How many mul_mat ops run in *_qx steps: two plans that quantize the activations of
     different products (Q8_0: the QKV siblings keep F32 fused, stream int8 unfused) differ here
     even when both quantize somewhere."""
-    return sum(s.ops.count("mul_mat") for s in graph.plan.steps if str(s.kernel).endswith("_qx"))
+    return sum(s.ops.count("mul_mat") for s in graph.plan.steps if str(s.kernel).endswith(("_qx", "_qx_small")))
 
 
 def quantizes_activations(graph) -> bool:
