@@ -11,7 +11,7 @@ build order (ggml's post-order DFS), as DESIGN §1 promises.
 Precision (docs/testing.md explains it): every op node's reference is rounded to its dtype, as gg
 stores it; an output's limit is max(the largest DESIGN §7 NMSE threshold on its path, 4 x the NMSE by
 which the float64 evaluation itself moves when every node on the path is perturbed by relative noise
-of its own threshold). An output the perturbation moves by more than ILL_CONDITIONED is not compared
+of its own threshold, a mul_mat's activations too). An output the perturbation moves by more than ILL_CONDITIONED is not compared
 (counted in SKIPPED). Generation keeps values in sane ranges (see the guards in `_Gen`).
 """
 from __future__ import annotations
@@ -212,7 +212,8 @@ def apply(op: str, params: tuple, ins: list, it: Item) -> np.ndarray:
 
 class Evaluation:
     """One float64 replay of a program's schedule; `noise` (a seed) perturbs every op node's result
-    by relative +-sqrt(its own threshold) per element (the conditioning probe)."""
+    by relative +-sqrt(its own threshold) per element, and a mul_mat's activations before it (the
+    conditioning probe)."""
 
     def __init__(self, prog: Program, noise: int | None = None):
         self.prog = prog
