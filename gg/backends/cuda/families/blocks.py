@@ -40,7 +40,8 @@ MV1_ROWS = {**MV_ROWS, Q4_0: 4, Q4_1: 4}
 # ... of the sibling steps of QX_TYPES weights below MVS_MIN_ELEMENTS (mul_mat_sibq*_qx_small; 0:
 # none): a SmolLM2 step (576-wide rows, 3 slots a block) gets 80 blocks instead of 40 for its
 # stacked QKV. H100: its token 734.6 us with 4 rows against 747.5 with 8, while the 8B norm+QKV
-# step (now a streaming build) was slower with 4 (docs/performance.md, tenth session).
+# step (now a streaming build) was slower with 4 (docs/performance.md, tenth session). H200,
+# seventeenth session: SmolLM2 Q4_1 token loop 656-658 us against 672.4 with 8.
 SIB_SMALL_ROWS = 4
 MV_ROWS_MULTI = 2  # rows per block (per slot) for 2..MAX_COLS columns
 SIB_MAX = 8  # products one sibling mat-vec launch takes (mul_mat_sibq_*; families/siblings.py)
@@ -85,6 +86,7 @@ MVS_MAX_PARTS = 8
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
 # mul_mat_vec* and mul_mat_sibq* copy their first chunks of weights before the wait too (early_flag):
 # the small models' products (SmolLM2: every one), latency-bound, start with their weights on the way
+# (H200, SmolLM2 token loops: Q8_0 641.3 us against 693.7, Q4_1 658.2 against 674.0)
 EARLY_MATVEC = True
 MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
