@@ -333,7 +333,8 @@ def test_streaming_pdl_flags(monkeypatch):
 
 def test_matvec_pdl_flags(monkeypatch):
     """The mat-vecs' pdl flag (blocks.early_flag(matvec=True), mul_mat_vec* / mul_mat_sibq*):
-    MVS_EARLY by the streaming rules, off with blocks.EARLY_MATVEC or launch.EARLY_WEIGHTS off."""
+    MVS_EARLY by the streaming rules (launch.may_read_early: never in a plan's first step), off
+    with blocks.EARLY_MATVEC or launch.EARLY_WEIGHTS off."""
     from types import SimpleNamespace
     from gg.backends.cuda import launch
     ctx = gg.Context()
@@ -351,6 +352,9 @@ def test_matvec_pdl_flags(monkeypatch):
             return blocks.early_flag(steps[1], w, matvec=True)
     assert flag(("soft_max",)) == blocks.MVS_EARLY and flag(("rms_norm", "mul")) == 0
     assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == blocks.MVS_EARLY  # a normalizing product
+    first = [SimpleNamespace(ops=("mul_mat",), outs=[out], choice=SimpleNamespace())]
+    with launch.bound(Memory(), first):  # the kernel before a plan's first step is not the plan's
+        assert blocks.early_flag(first[0], w, matvec=True) == 0
     where[w] = 0
     assert flag(("soft_max",)) == 0
     where[w] = 1 << 20

@@ -118,6 +118,20 @@ EARLY_WEIGHTS = True
 NOT_EARLY_BEHIND = ("rms_norm", "norm")
 
 
+def may_read_early(step: Any, *weights: Tensor) -> bool:
+    """A kernel of `step` may read `weights` before it waits for the kernel before (EARLY_WEIGHTS):
+    no step of the plan writes them (unwritten), the step is not the plan's first (the kernel
+    before that one is other work, launched overlapped too when no CUDA graph runs: another
+    plan's, which may write them), and the step before is no normalization step (its one block's
+    loads would queue behind the early ones; a product that normalizes its input on the way in is
+    no such step)."""
+    prev = preceding(step)
+    if not EARLY_WEIGHTS or prev is None:
+        return False
+    behind_norm = prev.ops[0] in NOT_EARLY_BEHIND and "mul_mat" not in prev.ops
+    return all(unwritten(w) for w in weights) and not behind_norm
+
+
 class Args:
     """Typed kernel arguments in declaration order."""
 

@@ -256,9 +256,8 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     """The streaming kernels' last arguments: parts, the partial sums (step scratch), the row
     blocks' tickets (table bytes, zero at prepare time; the last block of each resets its own),
     and the MVS_EARLY / MVS_LATE flags (launch.EARLY_WEIGHTS): copy the first chunk of `weights`
-    before waiting for the kernel before (no step of the plan writes them: launch.unwritten; not
-    behind a normalization); let the next kernel launch only once the copies have landed (it
-    streams too)."""
+    before waiting for the kernel before (launch.may_read_early, through early_flag); let the
+    next kernel launch only once the copies have landed (it streams too)."""
     flags = early_flag(step, *weights)
     if launch.EARLY_WEIGHTS:
         nxt = launch.following(step)
@@ -272,15 +271,11 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
 
 def early_flag(step, *weights: Tensor, matvec: bool = False) -> int:
     """MVS_EARLY when a quantized mat-vec step may copy its first chunk of `weights` before it
-    waits for the kernel before (launch.EARLY_WEIGHTS; matvec: a mul_mat_vec* / mul_mat_sibq*
-    step, EARLY_MATVEC too): no step of the plan writes them (launch.unwritten), and the step
-    before is no normalization step (its one block's loads would queue behind the copies; a
-    product that normalizes its input on the way in is no such step)."""
-    if not launch.EARLY_WEIGHTS or (matvec and not EARLY_MATVEC):
+    waits for the kernel before (launch.may_read_early; matvec: a mul_mat_vec* / mul_mat_sibq*
+    step, EARLY_MATVEC too)."""
+    if matvec and not EARLY_MATVEC:
         return 0
-    prev = launch.preceding(step)
-    behind_norm = prev is not None and prev.ops[0] in launch.NOT_EARLY_BEHIND and "mul_mat" not in prev.ops
-    return MVS_EARLY if all(launch.unwritten(w) for w in weights) and not behind_norm else 0
+    return MVS_EARLY if launch.may_read_early(step, *weights) else 0
 
 
 def variants() -> list[Variant]:
