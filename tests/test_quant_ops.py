@@ -12,6 +12,7 @@ import pytest
 import gg
 from gg import quant
 from gg.backends.cuda.families import blocks
+from plan_stubs import in_plan, stub_step
 from reference import nmse
 from reference_helpers import NMSE_QUANT_ACTIVATIONS, nmse_fused_vs_plain, nmse_vs_reference
 
@@ -307,19 +308,13 @@ def test_streaming_pdl_flags(monkeypatch):
     ctx = gg.Context()
     w, out = ctx.new_tensor(gg.Q4_0, (4096, 64)), ctx.new_tensor(gg.F32, (64,))
     where = {w: 1 << 20, out: 0}
-
-    class Memory:
-        def locate(self, t):
-            return SimpleNamespace(ptr=1 << 32), where[t.root]
-
     v = blocks.vecs(gg.Q4_0, 64, 4096)
-    kinds = {"vecs": (("mul_mat",), SimpleNamespace(vecs=v)), "rope": (("rope",), SimpleNamespace()),
-             "norm": (("rms_norm", "mul"), SimpleNamespace())}
+    kinds = {"vecs": (("mul_mat",), SimpleNamespace(vecs=v)), "rope": (("rope",), None),
+             "norm": (("rms_norm", "mul"), None)}
 
     def flags(*names):  # of the second step of a plan of these steps
-        steps = [SimpleNamespace(ops=kinds[n][0], outs=[out], choice=kinds[n][1]) for n in names]
-        with launch.bound(Memory(), steps):
-            return int(blocks.vecs_args(Args(), steps[1], v, w)._vals[-1][0])
+        steps = [stub_step(kinds[n][0], out, kinds[n][1]) for n in names]
+        return in_plan(lambda s: int(blocks.vecs_args(Args(), s, v, w)._vals[-1][0]), where, steps, 1)
     E, L = blocks.MVS_EARLY, blocks.MVS_LATE
     assert flags("rope", "vecs", "rope") == E
     assert flags("vecs", "vecs", "vecs") == E | L
@@ -335,26 +330,17 @@ def test_matvec_pdl_flags(monkeypatch):
     """The mat-vecs' pdl flag (blocks.early_flag(matvec=True), mul_mat_vec* / mul_mat_sibq*):
     MVS_EARLY by the streaming rules (launch.may_read_early: never in a plan's first step), off
     with blocks.EARLY_MATVEC or launch.EARLY_WEIGHTS off."""
-    from types import SimpleNamespace
     from gg.backends.cuda import launch
     ctx = gg.Context()
     w, out = ctx.new_tensor(gg.Q4_1, (576, 64)), ctx.new_tensor(gg.F32, (64,))
     where = {w: 1 << 20, out: 0}
 
-    class Memory:
-        def locate(self, t):
-            return SimpleNamespace(ptr=1 << 32), where[t.root]
-
-    def flag(prev):  # of the second step of (prev, mat-vec)
-        steps = [SimpleNamespace(ops=prev, outs=[out], choice=SimpleNamespace()),
-                 SimpleNamespace(ops=("mul_mat",), outs=[out], choice=SimpleNamespace())]
-        with launch.bound(Memory(), steps):
-            return blocks.early_flag(steps[1], w, matvec=True)
+    def flag(*prev):  # of the mat-vec step after steps running `prev`
+        steps = [stub_step(p, out) for p in prev] + [stub_step(("mul_mat",), out)]
+        return in_plan(lambda s: blocks.early_flag(s, w, matvec=True), where, steps, len(prev))
     assert flag(("soft_max",)) == blocks.MVS_EARLY and flag(("rms_norm", "mul")) == 0
     assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == blocks.MVS_EARLY  # a normalizing product
-    first = [SimpleNamespace(ops=("mul_mat",), outs=[out], choice=SimpleNamespace())]
-    with launch.bound(Memory(), first):  # the kernel before a plan's first step is not the plan's
-        assert blocks.early_flag(first[0], w, matvec=True) == 0
+    assert flag() == 0  # the plan's first step: the kernel before it is not the plan's
     where[w] = 0
     assert flag(("soft_max",)) == 0
     where[w] = 1 << 20
