@@ -348,6 +348,23 @@ def test_cache_rows_aligned_for_the_fast_attention(tmp_path, rng, n_ctx):
         m._prefill(np.zeros(n_ctx + 1, np.int32), "last", "logits")
 
 
+def test_bench_runs_each_test_in_a_context_of_its_tokens(tmp_path, rng, monkeypatch, capsys):
+    """`gg bench`: pp in n_prompt positions, then tg in a fresh cache of n_gen (llama-bench's
+    n_ctx = n_prompt + n_gen per test), the weights loaded once; one table row per test."""
+    from gg.models import cli, model
+    path, _, _ = make_model(tmp_path, rng, quant=False)
+    made = []
+    real = model.load
+    monkeypatch.setattr(model, "load", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    assert cli.bench_main([str(path), "-p", "24", "-n", "20", "-r", "1", "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "| pp24 |" in out and "| tg20 |" in out, out
+    (m,) = made
+    assert m.n_ctx == 20 and m.cache.n_past == 20 and list(m._decoders) == ["argmax"] and not m._graphs
+    with pytest.raises(gg.GGError, match="n_ctx"):
+        m._prefill(np.zeros(21, np.int32), "last", "logits")
+
+
 @pytest.mark.parametrize("arch,quant,dims", [
     ("llama", True, {}),                                                        # mixed block types
     ("llama", False, dict(n_embd=256, n_head=4, n_head_kv=2, n_ff=320)),         # F16: the epilogues

@@ -88,7 +88,10 @@ def bench_main(argv: list[str]) -> int:
     import numpy as np
     from ..backends.base import synchronize
     from .model import load
-    m = load(path, backends=_backends(a.backend), n_ctx=max(a.n_prompt, a.n_gen + 1, 16))
+    # Each test in a context of its own tokens, as llama-bench's (n_ctx = n_prompt + n_gen): pp512
+    # in 512 positions, tg128 in 128 (a decode step's attention covers the whole cache).
+    ctx_pp, ctx_tg = max(a.n_prompt, 16), max(a.n_gen, 16)
+    m = load(path, backends=_backends(a.backend), n_ctx=ctx_pp if a.n_prompt > 0 else ctx_tg)
     rng = np.random.default_rng(0)
     rows = []
     if a.n_prompt > 0:
@@ -103,6 +106,8 @@ def bench_main(argv: list[str]) -> int:
             ts.append(a.n_prompt / (time.perf_counter() - t0))
         rows.append((f"pp{a.n_prompt}", ts))
     if a.n_gen > 0:
+        if m.n_ctx != ctx_tg:
+            m._set_n_ctx(ctx_tg)
         ts = []
         for r in range(a.repetitions + 1):   # the first run is the warm-up
             m.cache.clear()

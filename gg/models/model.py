@@ -85,13 +85,12 @@ class Model:
             raise GGError(f"model: n_ctx must be >= 1, got {n_ctx}")
         if not isinstance(ubatch, int) or ubatch < 1:
             raise GGError(f"model: ubatch must be an integer >= 1, got {ubatch!r}")
-        self.n_ctx, self.ubatch = n_ctx, ubatch
+        self.ubatch = ubatch
         self.ctx = Context()
         self.weights = load_weights(src, hp, self.ctx, progress)
-        self.cfg = gg_config(hp, -(-n_ctx // CACHE_ALIGN) * CACHE_ALIGN)  # n_ctx itself bounds the tokens
-        self.cache = gl.KVCache(self.cfg, self.ctx)
         self._graphs: OrderedDict[tuple, Forward] = OrderedDict()
         self._decoders: dict[str, Forward] = {}
+        self._set_n_ctx(n_ctx)
         self.load_seconds = time.perf_counter() - t0
         self.stats = Stats()
         self._src_desc = self._describe_types(src)
@@ -119,6 +118,17 @@ class Model:
         return chat_mod.render(self.chat_template, messages, add_generation_prompt, bos_token=bos, eos_token=eos)
 
     # ---- graphs -------------------------------------------------------------------------------
+    def _set_n_ctx(self, n_ctx: int) -> None:
+        """A new, empty KV cache of n_ctx positions; the graphs built on the old one are dropped.
+        `gg bench` runs its tg test in a cache of n_gen positions this way, as llama-bench runs each
+        test in a context of its own tokens (n_ctx = n_prompt + n_gen), without loading the weights
+        again."""
+        self._graphs.clear()
+        self._decoders.clear()
+        self.n_ctx = n_ctx
+        self.cfg = gg_config(self.hparams, -(-n_ctx // CACHE_ALIGN) * CACHE_ALIGN)  # n_ctx itself bounds the tokens
+        self.cache = gl.KVCache(self.cfg, self.ctx)
+
     def _fixed(self, n_tokens: int, n_past: int, head: str, want: str) -> Forward:
         key = (n_tokens, n_past, head, want)
         fw = self._graphs.get(key)
