@@ -352,7 +352,7 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
         return None
     if k.symbol.endswith("_small"):  # the epilogue builds take the default rows a slot
         weight = srcs(prods[0])[0]
-        k = replace(k, symbol=k.symbol[:-len("_small")],
+        k = replace(k, symbol=k.symbol.removesuffix("_small"),
                     per=blocks.matvec_rows(weight.dtype, weight.ne[0], 1, sibling=True))
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []

@@ -1366,20 +1366,21 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
 }
 
 // ---- entry points -----------------------------------------------------------------------------
-// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32(QSibSet, x, nw, eps, pdl): the sibling mat-vecs above
-// (pdl as mul_mat_vec1's).
-#define GG_SIBQ_X(Q, S, NORM, ACT, QX, NAME, SUF)                                                                  \
+// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32<SUF>(QSibSet, x, nw, eps, pdl): the sibling mat-vecs above
+// with R rows a slot (pdl as mul_mat_vec1's).
+#define GG_SIBQ_X(Q, S, NORM, ACT, QX, NAME, SUF, R)                                                               \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, int pdl) {     \
-        sibq_impl<Q, NORM, ACT, QX>(s, x, nw, eps, pdl);                                                          \
+        sibq_impl<Q, NORM, ACT, QX, false, R>(s, x, nw, eps, pdl);                                                \
     }
-// mul_mat_sibq[_norm][_silu|_gelu]_<t>_f32_qx_small: the same with QUANT_SIB_SMALL_ROWS rows a slot,
-// for matrices too small to fill the GPU with MV<Q>::ROWS (SmolLM2's; blocks.SIB_SMALL_ROWS).
-#define GG_SIBQ_SMALL(Q, S, NORM, ACT, NAME)                                                                      \
-    extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
-        mul_mat_sibq##NAME##_##S##_f32_qx_small(QSibSet s, const float* x, const float* nw, float eps, int pdl) { \
-        sibq_impl<Q, NORM, ACT, true, false, QUANT_SIB_SMALL_ROWS>(s, x, nw, eps, pdl);                            \
-    }
+// Without/with the norm: plain, SwiGLU and GeGLU.
+#define GG_SIBQ_ACTS(Q, S, QX, SUF, R)                                                                            \
+    GG_SIBQ_X(Q, S, false, MV_ACT_NONE, QX, , SUF, R)                                                             \
+    GG_SIBQ_X(Q, S, true, MV_ACT_NONE, QX, _norm, SUF, R)                                                         \
+    GG_SIBQ_X(Q, S, false, MV_ACT_SILU, QX, _silu, SUF, R)                                                        \
+    GG_SIBQ_X(Q, S, true, MV_ACT_SILU, QX, _norm_silu, SUF, R)                                                    \
+    GG_SIBQ_X(Q, S, false, MV_ACT_GELU, QX, _gelu, SUF, R)                                                        \
+    GG_SIBQ_X(Q, S, true, MV_ACT_GELU, QX, _norm_gelu, SUF, R)
 // mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi, pdl): with the epilogue (epilogue.cuh).
 #define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
@@ -1391,12 +1392,7 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
 #define GG_SIBQ_SET(Q, S, QX, SUF)                                                                                \
     GG_SIBQ_EPI(Q, S, false, QX, , SUF)                                                                           \
     GG_SIBQ_EPI(Q, S, true, QX, _norm, SUF)                                                                       \
-    GG_SIBQ_X(Q, S, false, MV_ACT_NONE, QX, , SUF)                                                                \
-    GG_SIBQ_X(Q, S, true, MV_ACT_NONE, QX, _norm, SUF)                                                            \
-    GG_SIBQ_X(Q, S, false, MV_ACT_SILU, QX, _silu, SUF)                                                           \
-    GG_SIBQ_X(Q, S, true, MV_ACT_SILU, QX, _norm_silu, SUF)                                                       \
-    GG_SIBQ_X(Q, S, false, MV_ACT_GELU, QX, _gelu, SUF)                                                           \
-    GG_SIBQ_X(Q, S, true, MV_ACT_GELU, QX, _norm_gelu, SUF)
+    GG_SIBQ_ACTS(Q, S, QX, SUF, MV<Q>::ROWS)
 // mul_mat_vec1_<t>_f32<SUF>: the one-column mat-vec (QX: int8 activations).
 #define GG_QUANT_VEC1(Q, S, QX, SUF)                                                                              \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
@@ -1447,16 +1443,13 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     GG_SIBQ_SET(Q, S, false, )
 
 // The QX builds (quantized activations, __dp4a): mul_mat_vec1_<t>_f32_qx and the sibling builds
-// mul_mat_sibq*_<t>_f32_qx, for the 4-bit types (Q8_0's measured no faster: blocks.QX_TYPES).
+// mul_mat_sibq*_<t>_f32_qx, for the 4-bit types (Q8_0's measured no faster: blocks.QX_TYPES), and
+// mul_mat_sibq*_<t>_f32_qx_small, QUANT_SIB_SMALL_ROWS rows a slot, for matrices too small to fill
+// the GPU with MV<Q>::ROWS (SmolLM2's; blocks.SIB_SMALL_ROWS).
 #define GG_QUANT_QX(Q, S)                                                                                         \
     GG_QUANT_VEC1(Q, S, true, _qx)                                                                                \
     GG_SIBQ_SET(Q, S, true, _qx)                                                                                  \
-    GG_SIBQ_SMALL(Q, S, false, MV_ACT_NONE, )                                                                     \
-    GG_SIBQ_SMALL(Q, S, true, MV_ACT_NONE, _norm)                                                                 \
-    GG_SIBQ_SMALL(Q, S, false, MV_ACT_SILU, _silu)                                                                \
-    GG_SIBQ_SMALL(Q, S, true, MV_ACT_SILU, _norm_silu)                                                            \
-    GG_SIBQ_SMALL(Q, S, false, MV_ACT_GELU, _gelu)                                                                \
-    GG_SIBQ_SMALL(Q, S, true, MV_ACT_GELU, _norm_gelu)
+    GG_SIBQ_ACTS(Q, S, true, _qx_small, QUANT_SIB_SMALL_ROWS)
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)
