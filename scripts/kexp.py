@@ -114,11 +114,11 @@ def matvec(roof: float) -> None:
 
         # gg's kernel as lowered today: 32 threads per row, 4 rows per block of 128
         dd, ad, bd = desc((M, 1), 4), desc((K, M), 2), desc((K, 1), 4)
-        args = Args().ptr(db.ptr).desc(*dd).ptr(ab.ptr).desc(*ad).ptr(xb.ptr).desc(*bd).none().i32(1)
+        args = Args().ptr(db.ptr).desc(*dd).ptr(ab.ptr).desc(*ad).ptr(xb.ptr).desc(*bd).none().i32(1).i32(0)  # vec, not early
         f = fn("mul_mat_vec1_f16_f32", "mul_mat.cu")
         t = timeit(lambda: launch(f, (M // 4, 1), (32, 4), args))
         rows.append(("gg mul_mat_vec1 (32x4)", t, nbytes, err()))
-        args = Args().ptr(db.ptr).desc(*dd).ptr(ab.ptr).desc(*ad).ptr(xb.ptr).desc(*bd).none().i32(0)
+        args = Args().ptr(db.ptr).desc(*dd).ptr(ab.ptr).desc(*ad).ptr(xb.ptr).desc(*bd).none().i32(0).i32(0)  # no prefetch, not early
         f = fn("mul_mat_vecw_f16_f32", "mul_mat.cu")
         t = timeit(lambda: launch(f, (M, 1), (256,), args))
         rows.append(("gg mul_mat_vecw (256 per row)", t, nbytes, err()))

@@ -4,7 +4,7 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--no-early-float] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
         [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N]   (A/B switches of the plan)
         [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
@@ -91,6 +91,8 @@ def main() -> None:
     ap.add_argument("--no-pdl", action="store_true", help="GG_NO_PDL=1: no kernel launches while its predecessor runs")
     ap.add_argument("--no-early-mv", action="store_true", help="blocks.EARLY_MATVEC off (mul_mat_vec* and "
                     "mul_mat_sibq* copy no weights before their wait)")
+    ap.add_argument("--no-early-float", action="store_true", help="launch.EARLY_FLOAT_LOADS off (the float "
+                    "mat-vecs load no weights before their wait)")
     ap.add_argument("--min-blocks", type=int, default=None, help="blocks.MVS_MIN_BLOCKS (the streaming R)")
     ap.add_argument("--mvs-parts", type=int, default=None, help="blocks.MVS_PARTS (K parts of a streaming "
                     "product; 1: whole rows)")
@@ -158,6 +160,9 @@ def main() -> None:
         launch.EARLY_WEIGHTS = False
     if a.no_early_mv:
         blocks.EARLY_MATVEC = False
+    if a.no_early_float:
+        from gg.backends.cuda import launch
+        launch.EARLY_FLOAT_LOADS = False
     if a.sib_small_rows is not None:
         blocks.SIB_SMALL_ROWS = a.sib_small_rows
         blocks.DEFINES["quant.cu"]["QUANT_SIB_SMALL_ROWS"] = a.sib_small_rows or blocks.MV_ROWS[gg.Q4_0]

@@ -201,13 +201,14 @@ def test_every_kernel_waits_for_its_predecessor_first():
     """gg launches its kernels with programmatic stream serialization on sm_90+ (launch.py), which
     is only safe if each kernel's first statement waits for the kernel before it: gg_grid_sync(),
     after at most one call of an L2 prefetch helper (common.cuh gg_l2_prefetch: no data moves), or
-    the quantized mat-vecs (quant.cu mvs_impl, and mv_run through mul_mat_vec_impl / sibq_impl),
-    which wait themselves after copying only weights no step writes (launch.unwritten;
-    test_quant_ops.py checks both orders give the same bits)."""
+    the mat-vecs that wait themselves after reading only weights no step writes (launch.unwritten):
+    the quantized ones (quant.cu mvs_impl, and mv_run through mul_mat_vec_impl / sibq_impl;
+    test_quant_ops.py checks both orders give the same bits) and the float ones (mul_mat.cu
+    mmv_impl / mmvw_impl, siblings.cu sib_impl; test_float_matvecs_early_loads_change_nothing)."""
     import re
     from gg.backends.cuda.compiler import KERNEL_DIR
     entries = 0
-    first = re.compile(r"(\w*l2_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?gg_grid_sync\(\);|(mvs|mul_mat_vec|sibq)_impl<")
+    first = re.compile(r"(\w*l2_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?(gg_grid_sync\(\);|(mvs|mul_mat_vec|sibq|mmv|mmvw|sib)_impl<)")
     for path in sorted(KERNEL_DIR.glob("*.cu")):
         text = path.read_text()
         for m in re.finditer(r'extern "C" __global__[^{]*\{', text):
@@ -215,6 +216,17 @@ def test_every_kernel_waits_for_its_predecessor_first():
             assert first.match(body), f"{path.name}: {m.group(0)[:80]!r} starts with {body[:40]!r}"
             entries += 1
     assert entries >= 17
+    for name, file in (("mmv_impl", "mul_mat.cu"), ("mmvw_impl", "mul_mat.cu"), ("sib_impl", "siblings.cu"),
+                       ("mv_run", "quant.cu"), ("mvs_impl", "quant.cu")):  # ... and those do wait
+        text = (KERNEL_DIR / file).read_text()
+        start = text.index("{", re.search(rf"void {name}\(", text).end())
+        depth, end = 0, start
+        for end in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        body = text[start:end]
+        assert "gg_grid_sync();" in body or "gg_grid_wait();" in body, f"{file} {name} never waits for its predecessor"
 
 
 @cuda
@@ -236,6 +248,82 @@ def test_l2_prefetch_changes_nothing(monkeypatch):
         outs.append((out.numpy(), y.numpy()))
     for a, b in zip(*outs):
         assert np.array_equal(a, b)
+
+
+@cuda
+def test_float_matvecs_early_loads_change_nothing(monkeypatch, launches):
+    """The float mat-vecs (mul_mat_vec1 / mul_mat_vec, the wide and normalizing mul_mat_vecw
+    builds, the sibling steps) load their first weights before waiting for the kernel before
+    (launch.EARLY_FLOAT_LOADS) or after it: the same bits, over two computes with a new x. A
+    SmolLM2-sized F16 chain (norm + QKV siblings, Wo + residual, norm + SwiGLU siblings, down +
+    residual), a 3-column product, and 4096-wide rows (plain and normalized)."""
+    from gg.backends.cuda import launch
+    early = []
+    real = launch.early_loads
+    monkeypatch.setattr(launch, "early_loads", lambda step, *w: early.append(real(step, *w)) or early[-1])
+    rng = np.random.default_rng(11)
+    ctx = gg.Context()
+    K, F, W = 576, 1536, 4096
+    f16 = lambda *shape: ctx.tensor(rand(rng, *shape, dtype=np.float16))  # noqa: E731
+    wq, wk, wv, wo, wg, wu, wd = f16(K, K), f16(192, K), f16(192, K), f16(K, K), f16(F, K), f16(F, K), f16(K, F)
+    nw, nw2, nw4 = (ctx.tensor(rand(rng, n)) for n in (K, K, W))
+    xt, x4 = ctx.tensor(rand(rng, K)), ctx.tensor(rand(rng, W))
+    hn = gg.mul(gg.rms_norm(xt, 1e-5), nw)
+    q, k, v = (gg.mul_mat(w, hn) for w in (wq, wk, wv))
+    h = gg.add(gg.mul_mat(wo, q), xt)
+    hn2 = gg.mul(gg.rms_norm(h, 1e-5), nw2)
+    f = gg.add(gg.mul_mat(wd, gg.mul(gg.silu(gg.mul_mat(wg, hn2)), gg.mul_mat(wu, hn2))), h)
+    y3 = gg.mul_mat(f16(96, K), ctx.tensor(rand(rng, 3, K)))
+    yw = gg.mul_mat(f16(300, W), x4)
+    yn = gg.mul_mat(f16(257, W), gg.mul(gg.rms_norm(x4, 1e-5), nw4))
+    outs = (q, k, v, f, y3, yw, yn)
+    xs = [(rand(rng, K), rand(rng, W)) for _ in range(2)]
+    got = []
+    for on in (True, False):
+        monkeypatch.setattr(launch, "EARLY_FLOAT_LOADS", on)
+        early.clear()
+        launches.clear()
+        g = gg.build_forward(*outs, backends=("cuda",))
+        for xa, xb in xs:
+            xt.set(xa)
+            x4.set(xb)
+            g.compute()
+            got.append([o.numpy().copy() for o in outs])
+        assert any(n.startswith("mul_mat_sib_norm_f16") for n in launches), launches
+        assert any(n.startswith("mul_mat_sib_norm_silu_f16") for n in launches), launches
+        assert {"mul_mat_vec1_f16_f32", "mul_mat_vec_f16_f32", "mul_mat_vecw_f16_f32"} <= set(launches), launches
+        assert any(n.startswith("mul_mat_vecw") and "_norm" in n for n in launches), launches
+        # every product's weights are leaves; the plan's first step never reads early
+        assert len(early) == len(g.plan.steps) and early[0] == 0 and all(e == on for e in early[1:]), early
+    for a, b in ((got[0], got[2]), (got[1], got[3])):
+        for u, w in zip(a, b):
+            np.testing.assert_array_equal(u, w)
+
+
+def test_float_early_loads_rule(monkeypatch):
+    """launch.early_loads: 1 for weights no step writes, not behind a normalization step (a
+    normalizing product is none) and not in the plan's first step; 0 with launch.EARLY_FLOAT_LOADS
+    or EARLY_WEIGHTS off."""
+    from gg.backends.cuda import launch
+    from plan_stubs import in_plan, stub_step
+    ctx = gg.Context()
+    w, out = ctx.new_tensor(gg.F16, (576, 64)), ctx.new_tensor(gg.F32, (64,))
+    where = {w: 1 << 20, out: 0}
+
+    def flag(*prev):  # of the mat-vec step after steps running `prev`
+        steps = [stub_step(p, out) for p in prev] + [stub_step(("mul_mat",), out)]
+        return in_plan(lambda s: launch.early_loads(s, w), where, steps, len(prev))
+    assert flag(("soft_max",)) == 1 and flag(("rms_norm", "mul")) == 0
+    assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == 1
+    assert flag() == 0  # the plan's first step: the kernel before it is not the plan's
+    where[w] = 0  # the weights share bytes with a step's output
+    assert flag(("soft_max",)) == 0
+    where[w] = 1 << 20
+    monkeypatch.setattr(launch, "EARLY_FLOAT_LOADS", False)
+    assert flag(("soft_max",)) == 0
+    monkeypatch.setattr(launch, "EARLY_FLOAT_LOADS", True)
+    monkeypatch.setattr(launch, "EARLY_WEIGHTS", False)
+    assert flag(("soft_max",)) == 0
 
 
 def test_short_rows_share_a_warp():

@@ -116,6 +116,15 @@ L2_PREFETCH = True
 # took 10 us instead of 3 behind gate/up's 29 MB). False: no early copies (A/B, tests of both).
 EARLY_WEIGHTS = True
 NOT_EARLY_BEHIND = ("rms_norm", "norm")
+# The float mat-vecs (mul_mat.cu mmv_impl / mmvw_impl, siblings.cu sib_impl) issue their first
+# batch of weight loads into registers before that wait, under the same rule (early_loads). False:
+# after it (A/B; the values are the same bits either way).
+EARLY_FLOAT_LOADS = True
+
+
+def early_loads(step: Any, *weights: Tensor) -> int:
+    """The float mat-vecs' `early` argument: 1 where EARLY_FLOAT_LOADS and may_read_early."""
+    return int(EARLY_FLOAT_LOADS and may_read_early(step, *weights))
 
 
 def may_read_early(step: Any, *weights: Tensor) -> bool:

@@ -428,8 +428,9 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         args.none()
     if k.wide:
         args.i32(int(launch.L2_PREFETCH and batches == 1))  # the weight row into L2 before the wait
+        args.i32(launch.early_loads(step, a))  # ... and its first loads into registers
         return [Launch(rt, k.file, k.symbol, (out.ne[0], batches, 1), (MMVW_THREADS, 1, 1), args, what=what)]
-    args.i32(int(k.vec))
+    args.i32(int(k.vec)).i32(launch.early_loads(step, a))
     per_block = MMV_BLOCK // k.tpr
     grid = ((out.ne[0] + per_block - 1) // per_block, batches, 1)
     return [Launch(rt, k.file, k.symbol, grid, (k.tpr, per_block, 1), args, what=what)]
@@ -460,7 +461,7 @@ def _lower_norm(rt, step, k: NormMatVec, what: str) -> Launch:
     args = Args().ptr(raw).desc(mm.ne, mm.nb).tensor(a).tensor(x).ptr(addr(w)).f32(rn.params.eps)
     grid = (-(-mm.ne[0] // k.rows), 1, 1)
     if not isinstance(k, Epilogue):
-        return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args, what=what)
+        return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args.i32(launch.early_loads(step, a)), what=what)
     rope = next((n for n in tail if n.op == "rope"), None)
     if rope is not None:
         lo, n, hd, n_dims, neox = k.rope  # type: ignore[misc]
@@ -473,7 +474,8 @@ def _lower_norm(rt, step, k: NormMatVec, what: str) -> Launch:
     for s, (roped, lo, n, per, nrows) in zip(scatters, k.scatters):
         words += [addr(s), addr(step.srcs(s)[2]), lo, n, per, roped, code(s), nrows, s.nb[0], s.nb[1]]
     words += [0] * 10 * (MV_SCATTERS - len(scatters))
-    return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args.words(*words), what=what)
+    return Launch(rt, k.file, k.symbol, grid, (k.threads, 1, 1), args.words(*words).i32(launch.early_loads(step, a)),
+                  what=what)
 
 
 def variants() -> list[Variant]:

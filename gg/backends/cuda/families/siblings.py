@@ -209,8 +209,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         args.i32(int(launch.L2_PREFETCH))
     if isinstance(k, SibEpilogue):
         _epi_args(rt, step, k, args, what)
-    if k.quant:  # ... and may start them before its wait
-        args.i32(blocks.early_flag(step, *(step.srcs(mm)[0] for mm in prods), matvec=True))
+    mats = [step.srcs(mm)[0] for mm in prods]  # ... which either kind may start before its wait
+    args.i32(blocks.early_flag(step, *mats, matvec=True) if k.quant else launch.early_loads(step, *mats))
     return [Launch(rt, k.file, k.symbol, (sum(nblocks), 1, 1), (k.threads, 1, 1), args, what=what)]
 
 

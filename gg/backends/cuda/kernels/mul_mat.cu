@@ -13,12 +13,18 @@
 // fit at full occupancy) and mul_mat_vec_* for up to 8 columns (one load at a time).
 // `r` (F32, dst's shape, or null) is added to the result: the fused mul_mat -> add of a residual
 // connection, one launch and one pass over dst less.
+// `early` (host: launch.early_loads): the first batch of weight loads goes out before the wait for
+// the kernel before (gg_grid_sync), which no step of the plan lets write them: a latency-bound
+// product (a small model's) has its first weights on the way while its predecessor finishes, as
+// the quantized mat-vecs do (quant.cu mv_run). The same loads and sums in the same order: the
+// values are bit-identical either way.
 // MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
 // host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
 __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad,
-                                         const char* b, const TDesc& bd, const char* r, const TDesc& rd, int vec) {
+                                         const char* b, const TDesc& bd, const char* r, const TDesc& rd, int vec,
+                                         int early) {
     const int tpr = blockDim.x, lane = threadIdx.x;
     const i64 m = (i64)blockIdx.x * blockDim.y + threadIdx.y;
     const i64 i2 = blockIdx.y % d.ne[2], i3 = blockIdx.y / d.ne[2];
@@ -36,13 +42,18 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
         // BATCH loads of a are issued before any of them is used: that many 16-byte requests
         // per thread in flight is what keeps HBM busy (rows are short, warps are short-lived).
         const i64 chunks = K / 8;
-        for (i64 c0 = lane; c0 < chunks; c0 += BATCH * tpr) {
-            float av[BATCH][8];
+        float av[BATCH][8];
+        auto load = [&](i64 c0) {
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
                 const i64 c = c0 + (i64)u * tpr;
                 if (c < chunks) ld8_cs<TA>(arow + c * 8 * (i64)sizeof(TA), av[u]);
             }
+        };
+        if (early) load(lane);
+        gg_grid_sync();  // nothing but those weights is read before this
+        for (i64 c0 = lane; c0 < chunks; c0 += BATCH * tpr) {
+            if (!early || c0 != lane) load(c0);
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
                 const i64 c = c0 + (i64)u * tpr;
@@ -59,6 +70,7 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
             }
         }
     } else {
+        gg_grid_sync();
 #pragma unroll 4
         for (i64 k = lane; k < K; k += tpr) {
             const float av = ld<TA>(arow + k * ad.nb[0]);
@@ -194,7 +206,7 @@ __device__ __forceinline__ void mv_epilogue(const MvEpi& e, const MvPre& pre, ch
 template <class TA, class TB, bool NORM, int ROWS, bool EPI = false, int THREADS = MMVW_THREADS>
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
-                                          float eps = 0.0f, const MvEpi* epi = nullptr) {
+                                          float eps = 0.0f, const MvEpi* epi = nullptr, int early = 0) {
     static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the pair of the block's two rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[ROWS + NORM][THREADS / 32];
@@ -218,8 +230,8 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     float acc[ROWS], ss = 0.0f;
 #pragma unroll
     for (int rr = 0; rr < ROWS; ++rr) acc[rr] = 0.0f;
-    for (int c0 = threadIdx.x; c0 < chunks; c0 += MMVW_BATCH * THREADS) {
-        V16 av[ROWS][MMVW_BATCH];
+    V16 av[ROWS][MMVW_BATCH];
+    auto load = [&](int c0) {
 #pragma unroll
         for (int rr = 0; rr < ROWS; ++rr)
 #pragma unroll
@@ -227,6 +239,12 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
                 const int c = c0 + u * THREADS;
                 if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * rstep + (i64)c * 16);
             }
+    };
+    const int first = threadIdx.x;
+    if (early) load(first);  // as mmv_impl's `early`
+    gg_grid_sync();
+    for (int c0 = first; c0 < chunks; c0 += MMVW_BATCH * THREADS) {
+        if (!early || c0 != first) load(c0);
 #pragma unroll
         for (int u = 0; u < MMVW_BATCH; ++u) {
             const int c = c0 + u * THREADS;
@@ -361,22 +379,19 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
 #define GG_MM(TA, SA, TB, SB)                                                                             \
     extern "C" __global__ void mul_mat_vec_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,       \
                                                        const char* b, TDesc bd, const char* r, TDesc rd,  \
-                                                       int vec) {                                         \
-        gg_grid_sync();                                                                                   \
-        mmv_impl<TA, TB, MMV_NMAX, 1>(dst, d, a, ad, b, bd, r, rd, vec);                                  \
+                                                       int vec, int early) {                              \
+        mmv_impl<TA, TB, MMV_NMAX, 1>(dst, d, a, ad, b, bd, r, rd, vec, early);                           \
     }                                                                                                     \
     extern "C" __global__ void mul_mat_vec1_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad,      \
                                                         const char* b, TDesc bd, const char* r, TDesc rd, \
-                                                        int vec) {                                        \
-        gg_grid_sync();                                                                                   \
-        mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, r, rd, vec);                                 \
+                                                        int vec, int early) {                             \
+        mmv_impl<TA, TB, 1, MMV_BATCH>(dst, d, a, ad, b, bd, r, rd, vec, early);                          \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(MMVW_THREADS)                                            \
         mul_mat_vecw_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd,   \
-                                 const char* r, TDesc rd, int pre) {                                      \
+                                 const char* r, TDesc rd, int pre, int early) {                           \
         gg_l2_prefetch(pre ? a + blockIdx.x * ad.nb[1] : nullptr, ad.ne[0] * (i64)sizeof(TA));          \
-        gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, TB, false, 1>(dst, d, a, ad, b, bd, r, rd);                                         \
+        mmvw_impl<TA, TB, false, 1>(dst, d, a, ad, b, bd, r, rd, nullptr, 0.0f, nullptr, early);          \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                                     \
         mul_mat_tiled_##SA##_##SB(char* dst, TDesc d, const char* a, TDesc ad, const char* b, TDesc bd) { \
@@ -388,9 +403,9 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
 // T threads, R weight rows per block.
 #define GG_MM_NORM_FN(FN, TA, T, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(T)                                                       \
-        FN(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, const char* nw, float eps) { \
-        gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, R, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps);               \
+        FN(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd, const char* nw, float eps, \
+           int early) {                                                                                   \
+        mmvw_impl<TA, float, true, R, false, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, nullptr, early); \
     }
 // NAME is mul_mat_vecw (MMVW_THREADS threads) or mul_mat_vecw<T> (T threads, short rows); with the
 // epilogue too.
@@ -398,9 +413,9 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     GG_MM_NORM_FN(NAME##_norm_##SA##_f32, TA, T, MMVW_NORM_ROWS)                                          \
     extern "C" __global__ void __launch_bounds__(T)                                                       \
         NAME##_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,  \
-                                   const char* nw, float eps, MvEpi epi) {                                \
-        gg_grid_sync();                                                                                   \
-        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi); \
+                                   const char* nw, float eps, MvEpi epi, int early) {                     \
+        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi, \
+                                                            early);                                       \
     }
 // Short rows without an epilogue (a small model's output head: 49152 rows of 576): MMVW_SHORT_ROWS
 // weight rows per block, so the x and w loads every block repeats stay well below the weights'.

@@ -18,6 +18,8 @@
 // sib_epilogue (epilogue.cuh), and a product with no reader after the step is never stored. A
 // rotated pair is always the block's two rows: NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway;
 // NEOX's (i, i + n_dims/2) are given to the block of pair slot i by sib_rows (epi_rows).
+// `early` (host: launch.early_loads): the first batch of weight loads before the wait for the
+// kernel before, as mul_mat.cu's mat-vecs (bit-identical values either way).
 // SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES come from
 // the host (families/siblings.py, as -D).
 #include "epilogue.cuh"
@@ -89,7 +91,7 @@ __device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre, const 
 }
 
 template <class TA, bool NORM, int ACT, bool EPI = false>
-__device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps,
+__device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps, int early,
                                          const SibEpi* epi = nullptr) {
     static_assert(!EPI || (ACT == SIB_NONE && SIB_ROWS == 2), "the epilogue ropes the pair of the block's two rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of the weights
@@ -114,8 +116,8 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
     for (int w = 0; w < W; ++w)
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) acc[w][rr] = 0.0f;
-    for (int c0 = threadIdx.x; c0 < chunks; c0 += SIB_BATCH * nt) {
-        V16 av[W][R][SIB_BATCH];
+    V16 av[W][R][SIB_BATCH];
+    auto load = [&](int c0) {
 #pragma unroll
         for (int w = 0; w < W; ++w)
 #pragma unroll
@@ -125,6 +127,12 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
                     const int c = c0 + u * nt;
                     if (c < chunks && rr < nrows) av[w][rr][u] = ld16_cs(arow[w] + rr * nb1[w] + (i64)c * 16);
                 }
+    };
+    const int first = threadIdx.x;
+    if (early) load(first);
+    gg_grid_sync();  // nothing but those weights is read before this
+    for (int c0 = first; c0 < chunks; c0 += SIB_BATCH * nt) {
+        if (!early || c0 != first) load(c0);
 #pragma unroll
         for (int u = 0; u < SIB_BATCH; ++u) {
             const int c = c0 + u * nt;
@@ -198,20 +206,19 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
 
 #define GG_SIB(TA, SA, NORM, ACT, NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
-        mul_mat_sib##NAME##_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre) {   \
+        mul_mat_sib##NAME##_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre,     \
+                                       int early) {                                                      \
         sib_l2_prefetch<TA, ACT>(s, pre);                                                                \
-        gg_grid_sync();                                                                                  \
-        sib_impl<TA, NORM, ACT>(s, x, nw, eps);                                                          \
+        sib_impl<TA, NORM, ACT>(s, x, nw, eps, early);                                                   \
     }
 
 // With the epilogue (no activation): see EPI above.
 #define GG_SIB_EPI(TA, SA, NORM, NAME)                                                                    \
     extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
         mul_mat_sib##NAME##_epi_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre,   \
-                                           SibEpi epi) {                                                  \
+                                           SibEpi epi, int early) {                                       \
         sib_l2_prefetch<TA, SIB_NONE, true>(s, pre, &epi);                                               \
-        gg_grid_sync();                                                                                  \
-        sib_impl<TA, NORM, SIB_NONE, true>(s, x, nw, eps, &epi);                                         \
+        sib_impl<TA, NORM, SIB_NONE, true>(s, x, nw, eps, early, &epi);                                  \
     }
 
 #define GG_SIB_ALL(TA, SA)                          \
