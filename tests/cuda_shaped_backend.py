@@ -9,11 +9,21 @@ it must follow, an intermediate some later step reads but the plan did not keep,
 wrong values here (the kernels themselves are tested on the GPU)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gg.backends import base
 from gg.backends.cpu import CPUBackend, Function
 from gg.backends.cuda import families
 from gg.backends.cuda.families.common import node_srcs
 from gg.buffer import HostBuffer
+
+
+@dataclass(frozen=True)
+class CudaShapedFunction(Function):
+    """The CPU's numpy kernels run it; the CUDA choice's answer to the allocator comes along (its
+    output may take the bytes of the residual it adds)."""
+
+    overwrites_residual: bool = False
 
 
 class CudaShapedBuffer(HostBuffer):
@@ -34,7 +44,7 @@ class CudaShapedBackend(CPUBackend):
 
     def choose(self, ops, nodes, srcs=None):
         k = families.choose(tuple(ops), nodes, srcs or node_srcs)
-        return Function(k.symbol) if k is not None else None
+        return CudaShapedFunction(k.symbol, k.overwrites_residual) if k is not None else None
 
     def alloc(self, nbytes: int) -> HostBuffer:
         return CudaShapedBuffer(nbytes)

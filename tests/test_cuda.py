@@ -615,3 +615,32 @@ def test_fused_rms_norm_short_broadcast_operands(rng):
                                                 ctx.tensor(c)))
     assert [s.ops for s in plan.steps] == [("rms_norm", "mul", "add")]
     check(cu, cpu, ELEM)
+
+
+@cuda
+@pytest.mark.parametrize("read_again", [False, True])  # the output takes the residual's bytes, or a copy
+@pytest.mark.parametrize("T", [96, 97])                 # add(h, mm) and add(mm, h)
+def test_prefill_residual_in_the_gemm(monkeypatch, read_again, T):
+    """A prefill's residual add in the cuBLAS call (cublas_gemm_add, beta 1) against the add as a
+    step of its own (matmul.GEMM_RESIDUAL off) and float64 numpy, computed twice (the residual is
+    re-read each time: an in-place plan must not add it twice)."""
+    from gg.backends.cuda.families import matmul
+    from test_plan import _prefill_residual
+    got = []
+    for fused in (True, False):
+        monkeypatch.setattr(matmul, "GEMM_RESIDUAL", fused)
+        y, h, out = _prefill_residual(np.random.default_rng(T), T, K=512, read_again=read_again)
+        g = gg.build_forward(y, backends=("cuda",))
+        assert any(st.kernel == "cublas_gemm_add" for st in g.plan.steps) == fused, str(g.plan)
+        assert not fused or (out in g.plan.alloc.inplace) == (not read_again), str(g.plan)
+        for _ in range(2):
+            g.compute()
+            got.append(y.numpy().copy())
+        x, yy = (t.numpy().astype(np.float64) for t in h.src)
+        w = out.src[0 if T % 2 else 1].src[0].numpy().astype(np.float64)
+        h64 = x + yy
+        want = (h64 / (1 + np.exp(-h64))) @ w.T + h64
+        if read_again:
+            want = want * h64
+        assert nmse(got[-1], want) <= MATMUL
+    assert np.array_equal(got[0], got[1]) and nmse(got[0], got[2]) <= 1e-12

@@ -189,6 +189,97 @@ def test_cublas_gemm_gqa_args_compute_the_product(rng, monkeypatch):
         assert nmse(host[out], ref_mul_mat(a_np, b_np)) <= NMSE_MUL_MAT
 
 
+def _prefill_residual(rng, T=96, K=128, read_again=False, own_input=False):
+    """out = add(mul_mat(W, silu(h)), h) or add(h, mul_mat(...)) over T tokens, h an intermediate
+    (the residual stream); read_again: h is read after the add too; own_input: the product reads
+    h itself."""
+    x, y = gg.tensor(f32(rng, T, K)), gg.tensor(f32(rng, T, K))
+    h = gg.add(x, y)
+    w = gg.tensor(rng.standard_normal((K, K)).astype(np.float16) * np.float16(0.1))
+    mm = gg.mul_mat(w, h if own_input else gg.silu(h))
+    out = gg.add(mm, h) if T % 2 else gg.add(h, mm)
+    return (gg.mul(out, h) if read_again else out), h, out
+
+
+@pytest.mark.parametrize("T", [96, 97])  # add(h, mm) and add(mm, h)
+def test_cuda_plan_prefill_residual_in_the_gemm(rng, monkeypatch, T):
+    """A prefill's residual add runs in the cuBLAS call (cublas_gemm_add, beta 1), whose output
+    takes the residual's bytes where the residual dies at the add, and only there."""
+    from gg.backends.cuda.families import matmul as support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    y, h, out = _prefill_residual(rng, T)
+    plan = gg.build_forward(y, backends=("cuda", "cpu")).plan
+    (step,) = [s for s in plan.steps if s.out is out]
+    assert step.ops == ("mul_mat", "add") and step.kernel == "cublas_gemm_add", str(plan)
+    assert plan.alloc.inplace.get(out) is h, str(plan)
+    y, h, out = _prefill_residual(rng, T, read_again=True)
+    plan = gg.build_forward(y, backends=("cuda", "cpu")).plan
+    assert [s.kernel for s in plan.steps if s.out is out] == ["cublas_gemm_add"] and out not in plan.alloc.inplace
+    y, h, out = _prefill_residual(rng, T, own_input=True)  # its F16 cast must not stand for the residual
+    plan = gg.build_forward(y, backends=("cuda", "cpu")).plan
+    assert [s.ops for s in plan.steps if s.out is out] == [("add",)], str(plan)
+    monkeypatch.setattr(support, "GEMM_RESIDUAL", False)
+    y, h, out = _prefill_residual(rng, T)
+    plan = gg.build_forward(y, backends=("cuda", "cpu")).plan
+    assert [s.ops for s in plan.steps if s.out is out] == [("add",)], str(plan)
+
+
+@pytest.mark.parametrize("read_again", [False, True])
+def test_cuda_shaped_prefill_residual_in_place_computes_the_sum(rng, monkeypatch, read_again):
+    """The cuda-shaped plan (CUDA's choices and arena offsets, CPU kernels) with the residual's
+    bytes taken by the fused step's output gives the CPU plan's values."""
+    import cuda_shaped_backend  # noqa: F401  (registers "cudalike")
+    from gg.backends.cuda.families import matmul as support
+    monkeypatch.setattr(support, "have_cublas", lambda: True)
+    y, h, out = _prefill_residual(rng, 97, read_again=read_again)
+    g = gg.build_forward(y, backends=("cudalike", "cpu"))
+    assert any(s.kernel == "cublas_gemm_add" for s in g.plan.steps), str(g.plan)
+    assert (out in g.plan.alloc.inplace) == (not read_again)
+    g.compute()
+    got = y.numpy().copy()
+    monkeypatch.setattr(support, "GEMM_RESIDUAL", False)  # the same casts, the add a step of its own
+    gp = gg.build_forward(y, backends=("cudalike", "cpu"))
+    assert not any(s.kernel == "cublas_gemm_add" for s in gp.plan.steps)
+    gp.compute()
+    np.testing.assert_array_equal(got, y.numpy())
+
+
+def test_cublas_gemm_residual_args(rng, monkeypatch):
+    """Gemm with a residual: beta 1 over the output, which gets a copy of the residual first
+    unless it already holds it (a numpy stand-in for cuBLAS and the copy, on host memory)."""
+    import ctypes
+    from types import SimpleNamespace
+    from gg.backends.cuda import cublas
+
+    def gemm(h, op_a, op_b, M, N, K, alpha, A, ta, lda, sa, B, tb, ldb, sb, beta, C, tc, ldc, sc, batch, *_):
+        a = np.frombuffer((ctypes.c_float * (M * K)).from_address(A), np.float32).reshape(M, K)
+        b = np.frombuffer((ctypes.c_float * (N * K)).from_address(B), np.float32).reshape(N, K)
+        c = np.frombuffer((ctypes.c_float * (N * M)).from_address(C), np.float32).reshape(N, M)
+        bt = np.frombuffer((ctypes.c_float * 1).from_address(beta), np.float32)[0]
+        c[...] = b @ a.T + bt * c
+
+    copies = []
+
+    def copy(dst, src, n, stream):
+        copies.append(n)
+        ctypes.memmove(dst, src, n)
+        return (0,)
+    monkeypatch.setattr(cublas, "_lib", lambda: SimpleNamespace(gemm_strided_batched_ex=gemm))
+    monkeypatch.setattr(cublas, "handle", lambda rt: 0)
+    monkeypatch.setattr(cublas.cu, "cuMemcpyDtoDAsync", copy)
+    monkeypatch.setattr(cublas, "check", lambda res, what: res)
+    a_np, b_np, r_np = f32(rng, 40, 24), f32(rng, 33, 24), f32(rng, 33, 40)
+    a, b, r = gg.tensor(a_np), gg.tensor(b_np), gg.tensor(r_np)
+    out = gg.add(gg.mul_mat(a, b), r)
+    want = b_np.astype(np.float64) @ a_np.T + r_np
+    for same in (False, True):
+        o = r_np.copy() if same else np.zeros_like(r_np)
+        host = {a: a_np, b: b_np, r: o if same else r_np, out: o}
+        g = cublas.Gemm(SimpleNamespace(stream=0), "wo", out, a, b, lambda t: host[t].ctypes.data, residual=r)
+        g()
+        assert nmse(o, want) <= 1e-12 and copies == [out.nbytes]  # one copy, the first time only
+
+
 def test_transfers_between_backends(rng):
     host = gg.Context(backend="cpu")
     xa, wa = f32(rng, 3, 32), f32(rng, 32)

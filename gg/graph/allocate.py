@@ -1,7 +1,9 @@
 """Pass 4, allocate: one arena per backend; offsets from a liveness pass.
 
 An intermediate's bytes are reused once its last reader ran; a single-op elementwise step may
-write over its first source in place when that source dies there with an identical layout.
+write over its first source in place when that source dies there with an identical layout, and so
+may a fused step whose backend's choice says its kernel can write over the residual it adds
+(`choice.overwrites_residual`: the last node's source from outside the step).
 Leaves, views, this graph's outputs and kept tensors and persistent tensors are never reused.
 Other graphs do not matter: each plan has its own arenas.
 
@@ -95,6 +97,20 @@ def _size(t: Tensor) -> int:
     return t.storage_bytes  # allocated tensors are contiguous
 
 
+def _inplace_candidate(s: Step, out: Tensor) -> Tensor | None:
+    """The source whose bytes `out` may take: the first source of a single-op step of an in-place
+    op, or the residual of a step whose kernel overwrites it (the last node's one source that no
+    node of the step computes)."""
+    if out is not s.out or not out.src:
+        return None
+    if len(s.ops) == 1 and info(s.ops[0]).inplace:
+        return s.srcs(out)[0]
+    if getattr(s.choice, "overwrites_residual", False):
+        outside = [t for t in s.srcs(out) if t not in s.nodes]
+        return outside[0] if len(outside) == 1 else None
+    return None
+
+
 def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> Allocation:
     """`kept`: the graph's outputs and kept tensors, whose memory is never handed on."""
     keep = {o.root for o in kept}
@@ -123,8 +139,8 @@ def allocate(steps: Sequence[Step], kept: Sequence[Tensor], guard: int = 0) -> A
         for out in made:
             arena = arenas.setdefault(s.backend, Arena(s.backend))
             naive[s.backend] = naive.get(s.backend, 0) + _align(_size(out) + 2 * guard)
-            src0 = s.srcs(out)[0] if out.src else None
-            if (len(s.ops) == 1 and out is s.out and info(s.ops[0]).inplace and src0 is not None and src0.view_src is None
+            src0 = _inplace_candidate(s, out)
+            if (src0 is not None and src0.view_src is None
                     and src0 in offsets and src0 not in keep and last_use.get(src0) == i
                     and offsets[src0][0] == s.backend and src0.dtype is out.dtype and src0.nb == out.nb
                     and src0 not in inplace.values() and s.inputs.count(src0) == 1

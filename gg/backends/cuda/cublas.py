@@ -14,6 +14,7 @@ import numpy as np
 from ...dtypes import BF16, F16, F32
 from ...errors import BackendError
 from ...tensor import Tensor
+from .driver import check, cu
 from .families.matmul import gqa_ratio
 
 _CUDA_TYPE = {F32: 0, F16: 2, BF16: 14}   # cudaDataType: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
@@ -54,14 +55,19 @@ def _batch_stride(t: Tensor) -> int:
 
 
 class Gemm:
-    """One prepared cuBLAS call for a mul_mat node; calling it enqueues the GEMM."""
+    """One prepared cuBLAS call for a mul_mat node; calling it enqueues the GEMM. With `residual`
+    (a contiguous F32 tensor of out's layout) out = a·b + residual: beta 1 over out, which holds
+    the residual already where the planner gave out its bytes, else gets a copy of it first."""
 
-    def __init__(self, rt, name: str, out: Tensor, a: Tensor, b: Tensor, addr):
+    def __init__(self, rt, name: str, out: Tensor, a: Tensor, b: Tensor, addr, residual: Tensor | None = None):
         self.name = name
         self.cublas = _lib()
         self.handle = handle(rt)
         self.alpha = np.ones(1, np.float32)   # host scalars: kept alive as long as the record
-        self.beta = np.zeros(1, np.float32)
+        self.beta = np.full(1, 0.0 if residual is None else 1.0, np.float32)
+        self.copy = None  # (dst, src, bytes, stream): the residual into out before the GEMM
+        if residual is not None and addr(residual) != addr(out):
+            self.copy = (addr(out), addr(residual), out.nbytes, rt.stream)
         # GQA (a broadcast over b's heads by division): the r heads of b and out that share one
         # matrix of a lie N columns apart (mul_mat_path checked b; out is contiguous), so they
         # are one GEMM with N*r columns, and the batch runs over a's matrices.
@@ -75,6 +81,8 @@ class Gemm:
                      _COMPUTE_32F, _GEMM_DEFAULT)
 
     def __call__(self) -> None:
+        if self.copy is not None:
+            check(cu.cuMemcpyDtoDAsync(*self.copy), f"copying the residual for {self.name}")
         try:
             self.cublas.gemm_strided_batched_ex(*self.args)
         except Exception as e:

@@ -41,12 +41,16 @@ class Kernel:
 
     Device memory the lowering needs is planned with the arenas (counted in `plan.peak_bytes`):
     `scratch` bytes live while the step runs (flash-decoding's partial results), `table` bytes
-    for the plan's whole life (a rope frequency table, written once at prepare time)."""
+    for the plan's whole life (a rope frequency table, written once at prepare time).
+    `overwrites_residual`: the kernel may write its output over the residual it adds (the last
+    node's source from outside the step), which the allocator then hands it where that residual
+    dies here (gg/graph/allocate.py)."""
 
     file: str
     symbol: str
     scratch: int = field(default=0, kw_only=True)
     table: int = field(default=0, kw_only=True)
+    overwrites_residual: bool = field(default=False, kw_only=True)
 
     def runs(self) -> tuple[tuple[str, str], ...]:
         """(file, symbol) of every kernel of ours the step launches (the catalog has each)."""

@@ -35,6 +35,10 @@ MMVW_BATCH = 2           # 16-byte loads of a row a thread of it issues before u
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
+# A prefill's residual add(mm, x) in the GEMM (beta 1, C = the output, which takes x's bytes where x
+# dies there, or a copy of x first): one launch and a read and a write of the activations less
+# (llama-3-8B pp512: 2 adds of 8 MB F32 a layer). False: the add stays a step (A/B).
+GEMM_RESIDUAL = True
 TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
                           "MMVW_BATCH": MMVW_BATCH,
@@ -263,8 +267,17 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     if not _product_ok(mm):
         return None
     p = path(mm, a, b)
-    if ops == ("mul_mat", "add"):  # a residual added by the mat-vec as it writes
-        return _matvec(mm, a, b) if p == "vec" and _residual(nodes[1], mm, srcs) is not None else None
+    if ops == ("mul_mat", "add"):  # a residual added by the mat-vec as it writes, or by cuBLAS (beta 1)
+        r = _residual(nodes[1], mm, srcs)
+        if r is None:
+            return None
+        if p == "vec":
+            return _matvec(mm, a, b)
+        # (not when the residual is the product's input too: the F16 cast inserted for cuBLAS
+        # would stand for both)
+        if p == "cublas" and GEMM_RESIDUAL and mm.ne[2] * mm.ne[3] == 1 and r.is_contiguous() and r is not b:
+            return Kernel("cublas", "cublas_gemm_add", overwrites_residual=True)
+        return None
     if p == "vec":
         return _matvec(mm, a, b)
     if p == "cublas":
@@ -397,7 +410,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     a, b = step.srcs(mm)
     if k.file == "cublas":
         from ..cublas import Gemm
-        return [Gemm(rt, what, out, a, b, addr)]
+        r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
+        return [Gemm(rt, what, out, a, b, addr, residual=r)]
     if isinstance(k, QuantMatVec) and k.vecs:
         grid, block, smem = k.vecs.launch(a.dtype)
         r = _other(out, mm, step.srcs) if len(step.nodes) > 1 else None
