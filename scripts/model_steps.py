@@ -5,7 +5,7 @@ its cost on the critical path, boundaries included; timing only, results are non
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
         [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--no-early-float] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
-        [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N]   (A/B switches of the plan)
+        [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N] [--const FAMILY.NAME=N]   (A/B switches of the plan)
         [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
@@ -113,6 +113,9 @@ def main() -> None:
                     "quantized sibling steps; 0: the default build)")
     ap.add_argument("--mv-rows", default="", help="blocks.MV_ROWS of a type, e.g. q4_1=4 (mul_mat_sibq*)")
     ap.add_argument("--mv1-rows", default="", help="blocks.MV1_ROWS of a type, e.g. q4_1=8 (mul_mat_vec1)")
+    ap.add_argument("--const", action="append", default=[], metavar="FAMILY.NAME=N",
+                    help="any integer constant of a CUDA family module (matmul, blocks, siblings, attention, "
+                         "reduce) or of launch, and its NVRTC define of the same name, e.g. matmul.MMVW_NORM_ROWS=4")
     ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
     a = ap.parse_args()
     from gg.backends.cuda.families import blocks, siblings
@@ -147,6 +150,17 @@ def main() -> None:
         if n is not None:  # a kernel constant the host passes to NVRTC
             setattr(mod, name, n)
             mod.DEFINES[file][define] = n
+    for c in a.const:  # a kernel constant and the define the host passes to NVRTC under its name
+        import importlib
+        path, n = c.split("=")
+        fam, name = path.rsplit(".", 1)
+        mod = importlib.import_module("gg.backends.cuda." + ("launch" if fam == "launch" else "families." + fam))
+        if not hasattr(mod, name):
+            raise SystemExit(f"--const: {fam} has no {name}")
+        setattr(mod, name, int(n))
+        for defs in getattr(mod, "DEFINES", {}).values():
+            if name in defs:
+                defs[name] = int(n)
     for table, define, arg in (("MV_ROWS", "QUANT_MV_ROWS_", a.mv_rows), ("MV1_ROWS", "QUANT_MV1_ROWS_", a.mv1_rows)):
         if arg:
             name, n = arg.split("=")

@@ -31,7 +31,9 @@ MMV_MAX_N = 8            # b.ne[1] up to this: the mat-vec builds (decode)
 MMV_BLOCK = 128          # threads per mat-vec block
 MMV_BATCH = 4            # 16-byte loads a thread of the one-column build issues before using them
 MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
-MMVW_BATCH = 2           # 16-byte loads of a row a thread of it issues before using them
+# 16-byte loads of a row a thread of it issues before using them: with the first load issued before
+# the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
+MMVW_BATCH = 1
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
