@@ -95,7 +95,8 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 
 // ---- wide mat-vec (decode on weights): one column, contiguous 16-byte aligned rows of K >= 8 *
 // MMVW_THREADS elements. A block of MMVW_THREADS threads per row, each with MMVW_BATCH 16-byte
-// loads in flight, kept as raw words until used (a K = 4096 F16 row is one round of loads);
+// loads in flight, kept as raw words until used (with 2, a K = 4096 F16 row was one round of
+// loads; since the first load goes out before the wait, 1 is faster on the H200: families/matmul.py);
 // partial sums meet in shared memory. Against mmv_impl's warp per row (scripts/kexp.py, H100):
 // [14336 x 4096] F16 44.0 -> 40.6 us; the decode step's wo (4096 x 4096, + residual) 19.8 ->
 // 16.9 us in ncu: short rows of work per thread and a whole row's loads at once fill the
