@@ -15,6 +15,8 @@
 #   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
 #                                       and llama.cpp side by side
 #   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
+#   bash scripts/gpu_session.sh abbench `gg bench` of one file (AB_FILE) by each tree in AB_TREES (this one,
+#                                       .ab/old), twice, alternating (AB_ARGS, default "-p 512 -n 0 -r 5")
 #   bash scripts/gpu_session.sh twin    a whole decode token replayed on 4-layer llama-3-8B-dims twins
 #                                       (scripts/quant_twin.py, no llama.cpp; TWIN="q4_0 q8_0"; TWIN_HEAD=q6_k:
 #                                       the head as llama-quantize's Q4_0 files have it), by the trees in TREES (this
@@ -55,8 +57,13 @@ tests)
         done; wait
         for j in $(seq 1 $i); do echo "group $j: $(tail -1 "$OUT/pytest_cuda_$j.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda_$j.log" | head -20; done
     else
-        timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider ${TESTS:-tests/} 2>&1 | tail -15 | tee "$OUT/pytest_cuda.log"
+        timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m "cuda or compile_all" -q -p no:cacheprovider ${TESTS:-tests/} > "$OUT/pytest_cuda.log" 2>&1
+        tail -15 "$OUT/pytest_cuda.log"
     fi
+    for f in "$OUT"/pytest_cuda*.log; do  # a group cut by its time limit ends in progress dots only
+        p=$(grep -E '^[.FEsx]+( +\[ *[0-9]+%\])?$' "$f" | tr -d -c '.FEsx')  # the progress characters
+        grep -q " in [0-9.]*s" "$f" || echo "$(basename "$f"): cut by the time limit after $(tr -d -c . <<< "$p" | wc -c) passed, $(tr -d -c FE <<< "$p" | wc -c) failed or errors"
+    done
     [ -n "${TESTS_ONLY:-}" ] && exit 0
     GG_CUDA_DEVICES=0,0 timeout 60 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -3 | tee "$OUT/pytest_devices.log"
     timeout 90 python3 -m pytest -m model -q -p no:cacheprovider tests/test_hf_parity.py 2>&1 | tail -6 | tee "$OUT/pytest_hf.log"
@@ -104,6 +111,15 @@ models)
     python3 bench/bench_models.py $W/smol-F16.gguf $W/smol-Q8_0.gguf $W/smol-Q4_1.gguf \
         $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
     ;;
+abbench)  # `gg bench` of one file by each tree, alternating (AB_FILE=8b-F16 of models8b's files or a path;
+    # AB_TREES=". .ab/old"; AB_ARGS="-p 512 -n 0 -r 5"): python -m gg takes the gg of the directory it runs in
+    mkdir -p $W
+    F=${AB_FILE:-8b-F16}; [ -f "$F" ] || F=$W/$F.gguf
+    [ -f "$F" ] || python3 .anchors/gen_gguf.py --dims 8b --out $W/8b-F16.gguf --tok .anchors/smol_tok_meta.json | tail -1
+    for rep in 1 2; do for tree in ${AB_TREES:-. .ab/old}; do
+        [ -d $tree/gg ] && echo "$tree: $(cd $tree && timeout ${AB_TIMEOUT:-120} python3 -m gg bench "$F" ${AB_ARGS:--p 512 -n 0 -r 5} 2>&1 | grep -E '^\| *[a-z0-9]' | grep -v model | tr '\n' ' ')"
+    done; done 2>&1 | tee "$OUT/abbench.log"
+    ;;
 twin)
     [ -z "${AFTER_PREP:-}" ] || for _ in $(seq 1 120); do [ -f /tmp/prep_done ] && break; sleep 2; done
     mkdir -p $W
@@ -148,5 +164,5 @@ ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (
         python3 scripts/ncu_model.py $T-$q.gguf > "$OUT/ncu_${TWIN_DIMS}_$q.csv" 2> "$OUT/ncu_err.log"
     echo "ncu exit $?: $(wc -l < "$OUT/ncu_${TWIN_DIMS}_$q.csv") lines"
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|twin|prep|ncu"; exit 2 ;;
+*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|abbench|twin|prep|ncu"; exit 2 ;;
 esac
