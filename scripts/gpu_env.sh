@@ -8,4 +8,8 @@ if ls .whl/*.whl > /dev/null 2>&1; then
     [ -f /tmp/site/.gg-installed ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
+# CUBINs compiled off the device (scripts/cubin_pack.sh) into gg's disk cache, once a machine
+if [ -f .cubin.tar.xz ] && [ ! -f /tmp/.gg-cubins ]; then
+    d=${GG_CACHE_DIR:-$HOME/.cache/gg}; mkdir -p "$d" && tar -xJf .cubin.tar.xz -C "$d" && touch /tmp/.gg-cubins
+fi
 export PYTHONUNBUFFERED=1

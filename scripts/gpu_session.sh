@@ -30,7 +30,8 @@
 #   bash scripts/gpu_session.sh ncu     Nsight Compute sections (speed of light, occupancy, warp states,
 #                                       memory) of one decode token's kernels on a twin (TWIN=, TWIN_DIMS=, NCU_K=;
 #                                       NCU_METRICS: more metrics, e.g. the stall reasons)
-# NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out.
+# NO_FUZZ=1 / NO_SAN=1 / NO_LCPP=1 leave those parts out. Carry .cubin.tar.xz (scripts/cubin_pack.sh, made
+# here without a GPU) with .whl/ and .anchors/: scripts/gpu_env.sh puts its kernels into gg's disk cache.
 set -u
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
