@@ -17,5 +17,6 @@ for rev in "$@"; do  # a tree's kernels that differ from this one's add entries;
     (cd "$tmp/tree" && GG_CACHE_DIR="$tmp" python3 -m gg kernels --arch "$arch" | tail -1 | sed "s|^|$rev: |")
     rm -rf "$tmp/tree"
 done
-tar -C "$tmp" -cJf .cubin.tar.xz cubin
-echo "wrote .cubin.tar.xz: $(ls "$tmp"/cubin | wc -l) CUBINs, $(du -h .cubin.tar.xz | cut -f1)"
+python3 -c "from gg.backends.cuda import compiler; print('%d.%d' % compiler.nvrtc_version())" > "$tmp/nvrtc-version"
+tar -C "$tmp" -cJf .cubin.tar.xz cubin nvrtc-version
+echo "wrote .cubin.tar.xz: $(ls "$tmp"/cubin | wc -l) CUBINs by NVRTC $(cat "$tmp/nvrtc-version"), $(du -h .cubin.tar.xz | cut -f1)"

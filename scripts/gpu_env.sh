@@ -11,5 +11,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.
 # CUBINs compiled off the device (scripts/cubin_pack.sh) into gg's disk cache, once a machine
 if [ -f .cubin.tar.xz ] && [ ! -f /tmp/.gg-cubins ]; then
     d=${GG_CACHE_DIR:-$HOME/.cache/gg}; mkdir -p "$d" && tar -xJf .cubin.tar.xz -C "$d" && touch /tmp/.gg-cubins
+    echo "cubin pack: built by NVRTC $(cat "$d/nvrtc-version" 2>/dev/null), this machine's is $(python3 -c "from gg.backends.cuda \
+import compiler; print('%d.%d' % compiler.nvrtc_version())" 2>/dev/null) (its entries serve only if they match)" >&2
 fi
 export PYTHONUNBUFFERED=1
