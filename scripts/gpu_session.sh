@@ -116,7 +116,8 @@ abbench)  # `gg bench` of one file by each tree, alternating (AB_FILE=8b-F16 of 
     # AB_TREES=". .ab/old"; AB_ARGS="-p 512 -n 0 -r 5"): python -m gg takes the gg of the directory it runs in
     mkdir -p $W
     F=${AB_FILE:-8b-F16}; [ -f "$F" ] || F=$W/$F.gguf
-    [ -f "$F" ] || python3 .anchors/gen_gguf.py --dims 8b --out $W/8b-F16.gguf --tok .anchors/smol_tok_meta.json | tail -1
+    [ -f "$F" ] || [ "$F" != $W/8b-F16.gguf ] || python3 .anchors/gen_gguf.py --dims 8b --out $F --tok .anchors/smol_tok_meta.json | tail -1
+    [ -f "$F" ] || { echo "abbench: no file $F (models8b / models make the quantized ones)"; exit 1; }
     for rep in 1 2; do for tree in ${AB_TREES:-. .ab/old}; do
         [ -d $tree/gg ] && echo "$tree: $(cd $tree && timeout ${AB_TIMEOUT:-120} python3 -m gg bench "$F" ${AB_ARGS:--p 512 -n 0 -r 5} 2>&1 | grep -E '^\| *[a-z0-9]' | grep -v model | tr '\n' ' ')"
     done; done 2>&1 | tee "$OUT/abbench.log"
