@@ -115,7 +115,7 @@ models)
 abbench)  # `gg bench` of one file by each tree, alternating (AB_FILE=8b-F16 of models8b's files or a path;
     # AB_TREES=". .ab/old"; AB_ARGS="-p 512 -n 0 -r 5"): python -m gg takes the gg of the directory it runs in
     mkdir -p $W
-    F=${AB_FILE:-8b-F16}; [ -f "$F" ] || F=$W/$F.gguf
+    F=${AB_FILE:-8b-F16}; case "$F" in */*|*.gguf) ;; *) F=$W/$F.gguf ;; esac  # a name of models8b's files, or a path
     [ -f "$F" ] || [ "$F" != $W/8b-F16.gguf ] || python3 .anchors/gen_gguf.py --dims 8b --out $F --tok .anchors/smol_tok_meta.json | tail -1
     [ -f "$F" ] || { echo "abbench: no file $F (models8b / models make the quantized ones)"; exit 1; }
     for rep in 1 2; do for tree in ${AB_TREES:-. .ab/old}; do
