@@ -12,6 +12,7 @@ its cost on the critical path, boundaries included; timing only, results are non
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -151,7 +152,6 @@ def main() -> None:
             setattr(mod, name, n)
             mod.DEFINES[file][define] = n
     for c in a.const:  # a kernel constant and the define the host passes to NVRTC under its name
-        import importlib
         path, n = c.split("=")
         fam, name = path.rsplit(".", 1)
         mod = importlib.import_module("gg.backends.cuda." + ("launch" if fam == "launch" else "families." + fam))

@@ -27,3 +27,31 @@ def in_plan(fn: Callable[[Any], Any], where: dict, steps: list, i: int) -> Any:
     from gg.backends.cuda import launch
     with launch.bound(PlacedMemory(where), steps):
         return fn(steps[i])
+
+
+def check_early_read_rule(rule: Callable[[Any, Any], int], weight, on: int, switch: tuple[Any, str],
+                          monkeypatch) -> None:
+    """An early-read flag of a weight-reading step (launch.may_read_early's cases, as the kernel
+    argument `rule(step, weight)` gives it): `on` behind a softmax step and behind a normalizing
+    product, 0 behind a normalization step, in the plan's first step (the kernel before it is not
+    the plan's), for weights sharing bytes with a step's output, and with `switch` (a module and
+    the name of its A/B constant) or launch.EARLY_WEIGHTS off."""
+    import gg
+    from gg.backends.cuda import launch
+    out = gg.Context().new_tensor(gg.F32, (64,))
+    where = {weight: 1 << 20, out: 0}
+
+    def flag(*prev):  # of the mat-vec step after steps running `prev`
+        steps = [stub_step(p, out) for p in prev] + [stub_step(("mul_mat",), out)]
+        return in_plan(lambda s: rule(s, weight), where, steps, len(prev))
+    assert flag(("soft_max",)) == on and flag(("rms_norm", "mul")) == 0
+    assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == on  # a normalizing product
+    assert flag() == 0
+    where[weight] = 0
+    assert flag(("soft_max",)) == 0
+    where[weight] = 1 << 20
+    monkeypatch.setattr(*switch, False)
+    assert flag(("soft_max",)) == 0
+    monkeypatch.setattr(*switch, True)
+    monkeypatch.setattr(launch, "EARLY_WEIGHTS", False)
+    assert flag(("soft_max",)) == 0

@@ -305,25 +305,9 @@ def test_float_early_loads_rule(monkeypatch):
     normalizing product is none) and not in the plan's first step; 0 with launch.EARLY_FLOAT_LOADS
     or EARLY_WEIGHTS off."""
     from gg.backends.cuda import launch
-    from plan_stubs import in_plan, stub_step
-    ctx = gg.Context()
-    w, out = ctx.new_tensor(gg.F16, (576, 64)), ctx.new_tensor(gg.F32, (64,))
-    where = {w: 1 << 20, out: 0}
-
-    def flag(*prev):  # of the mat-vec step after steps running `prev`
-        steps = [stub_step(p, out) for p in prev] + [stub_step(("mul_mat",), out)]
-        return in_plan(lambda s: launch.early_loads(s, w), where, steps, len(prev))
-    assert flag(("soft_max",)) == 1 and flag(("rms_norm", "mul")) == 0
-    assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == 1
-    assert flag() == 0  # the plan's first step: the kernel before it is not the plan's
-    where[w] = 0  # the weights share bytes with a step's output
-    assert flag(("soft_max",)) == 0
-    where[w] = 1 << 20
-    monkeypatch.setattr(launch, "EARLY_FLOAT_LOADS", False)
-    assert flag(("soft_max",)) == 0
-    monkeypatch.setattr(launch, "EARLY_FLOAT_LOADS", True)
-    monkeypatch.setattr(launch, "EARLY_WEIGHTS", False)
-    assert flag(("soft_max",)) == 0
+    from plan_stubs import check_early_read_rule
+    w = gg.Context().new_tensor(gg.F16, (576, 64))
+    check_early_read_rule(launch.early_loads, w, 1, (launch, "EARLY_FLOAT_LOADS"), monkeypatch)
 
 
 def test_short_rows_share_a_warp():

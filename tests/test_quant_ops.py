@@ -12,7 +12,7 @@ import pytest
 import gg
 from gg import quant
 from gg.backends.cuda.families import blocks
-from plan_stubs import in_plan, stub_step
+from plan_stubs import check_early_read_rule, in_plan, stub_step
 from reference import nmse
 from reference_helpers import NMSE_QUANT_ACTIVATIONS, nmse_fused_vs_plain, nmse_vs_reference
 
@@ -330,25 +330,9 @@ def test_matvec_pdl_flags(monkeypatch):
     """The mat-vecs' pdl flag (blocks.early_flag(matvec=True), mul_mat_vec* / mul_mat_sibq*):
     MVS_EARLY by the streaming rules (launch.may_read_early: never in a plan's first step), off
     with blocks.EARLY_MATVEC or launch.EARLY_WEIGHTS off."""
-    from gg.backends.cuda import launch
-    ctx = gg.Context()
-    w, out = ctx.new_tensor(gg.Q4_1, (576, 64)), ctx.new_tensor(gg.F32, (64,))
-    where = {w: 1 << 20, out: 0}
-
-    def flag(*prev):  # of the mat-vec step after steps running `prev`
-        steps = [stub_step(p, out) for p in prev] + [stub_step(("mul_mat",), out)]
-        return in_plan(lambda s: blocks.early_flag(s, w, matvec=True), where, steps, len(prev))
-    assert flag(("soft_max",)) == blocks.MVS_EARLY and flag(("rms_norm", "mul")) == 0
-    assert flag(("rms_norm", "mul", "mul_mat", "mul_mat", "silu", "mul")) == blocks.MVS_EARLY  # a normalizing product
-    assert flag() == 0  # the plan's first step: the kernel before it is not the plan's
-    where[w] = 0
-    assert flag(("soft_max",)) == 0
-    where[w] = 1 << 20
-    monkeypatch.setattr(blocks, "EARLY_MATVEC", False)
-    assert flag(("soft_max",)) == 0
-    monkeypatch.setattr(blocks, "EARLY_MATVEC", True)
-    monkeypatch.setattr(launch, "EARLY_WEIGHTS", False)
-    assert flag(("soft_max",)) == 0
+    w = gg.Context().new_tensor(gg.Q4_1, (576, 64))
+    check_early_read_rule(lambda step, weight: blocks.early_flag(step, weight, matvec=True), w, blocks.MVS_EARLY,
+                          (blocks, "EARLY_MATVEC"), monkeypatch)
 
 
 @pytest.mark.cuda
