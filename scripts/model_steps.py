@@ -5,7 +5,7 @@ its cost on the critical path, boundaries included; timing only, results are non
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
         [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--no-early-float] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
-        [--fa-threads N] [--fa-chunk N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N] [--const FAMILY.NAME=N]   (A/B switches of the plan)
+        [--fa-threads N] [--fa-chunk N] [--fa-short N] [--fa-short-blocks N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N] [--const FAMILY.NAME=N]   (A/B switches of the plan)
         [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
 """
@@ -39,12 +39,10 @@ def layer_range(steps, layer: int) -> range:
 def fa_chunk(n: int) -> None:
     """attention.FAST_CHUNK = n, with the head groupings the transposed-V P·V step allows (NH <=
     n / 8) and the defines NVRTC gets."""
-    from itertools import product
     from gg.backends.cuda.families import attention
     attention.FAST_CHUNK = n
     attention.HEADS = tuple(h for h in (8, 4, 2, 1) if h <= n // 8)
-    attention.DEFINES["attn.cu"].update({"FA_CHUNK": n, "GG_FOR_FA_FAST(X, ...)": " ".join(
-        f"X({nh}, {hd}, __VA_ARGS__)" for nh, hd in product(attention.HEADS, attention.FAST_HD))})
+    attention.DEFINES["attn.cu"].update(attention.fast_lists())
 
 
 def _trace(rt, steps, memory, path: str) -> None:
@@ -105,6 +103,10 @@ def main() -> None:
     ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
     ap.add_argument("--fa-chunk", type=int, default=None, help="attention.FAST_CHUNK (positions per flash block)")
     ap.add_argument("--fa-cluster", type=int, default=None, help="attention.CLUSTER_MAX (0: no cluster combine)")
+    ap.add_argument("--fa-short", type=int, default=None, help="attention.SHORT_CHUNK (positions per flash block "
+                    "at short contexts; 0: FAST_CHUNK everywhere)")
+    ap.add_argument("--fa-short-blocks", type=int, default=None, help="attention.SHORT_BLOCKS (the short chunk below "
+                    "this many blocks)")
     ap.add_argument("--no-early-tiles", action="store_true", help="attention.EARLY_TILES off")
     ap.add_argument("--mmvw-batch", type=int, default=None, help="matmul.MMVW_BATCH (the wide mat-vec's loads in flight)")
     ap.add_argument("--argmax-cluster", type=int, default=None, help="reduce.CLUSTER (0: one block a row)")
@@ -138,6 +140,13 @@ def main() -> None:
         attention.THREADS = attention.DEFINES["attn.cu"]["FA_THREADS"] = a.fa_threads
     if a.fa_chunk:
         fa_chunk(a.fa_chunk)
+    if a.fa_short is not None or a.fa_short_blocks is not None:
+        from gg.backends.cuda.families import attention
+        if a.fa_short is not None:
+            attention.SHORT_CHUNK = a.fa_short
+        if a.fa_short_blocks is not None:
+            attention.SHORT_BLOCKS = a.fa_short_blocks
+        attention.DEFINES["attn.cu"].update(attention.fast_lists())
     if a.fa_cluster is not None or a.no_early_tiles:
         from gg.backends.cuda.families import attention
         if a.fa_cluster is not None:

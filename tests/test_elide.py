@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gg
-from gg.backends.cuda.families import matmul
+from gg.backends.cuda.families import attention as attention_family, matmul
 from reference_helpers import nmse
 
 BOTH = ("cuda", "cpu")
@@ -43,7 +43,7 @@ def test_cont_elided_into_the_flash_attention():
     plan = gg.build_forward(out, backends=BOTH).plan
     assert not conts(plan) and elided(plan) == [c], str(plan)
     (step,) = plan.steps
-    assert step.kernel == "flash_attn_f16_h4_d128_vpos" and step.choice.v_pos
+    assert step.kernel == attention_family.fast_symbol("f16", 4, 128, True, step.choice.chunk) and step.choice.v_pos
     assert step.srcs(out)[0] is c.src[0]  # reads the transposed cache view itself
     text = str(plan)
     assert "cont elided" in text and "1 cont elided" in plan.summary()
@@ -149,7 +149,7 @@ def test_source_on_another_backend_gets_a_transfer():
     assert elided(plan) == [c] and not conts(plan), str(plan)
     flash = plan.steps[-1]
     (read,) = [flash.srcs(n)[0] for n in flash.nodes if n is out]
-    assert read.op == "transfer" and read.src[0] is c.src[0] and flash.kernel == "flash_attn_f16_h4_d128"
+    assert read.op == "transfer" and read.src[0] is c.src[0] and flash.kernel == attention_family.fast_symbol("f16", 4, 128, False, flash.choice.chunk)
 
 
 def test_cpu_elided_equals_unfused_and_reference():

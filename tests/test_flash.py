@@ -103,13 +103,36 @@ def test_plan_fuses_decode_attention_on_cuda():
 @pytest.mark.parametrize("n_kv,cluster", [(64, 1), (300, 5), (512, 8), (513, 0), (1000, 0)])
 def test_plan_clusters_short_contexts(n_kv, cluster, monkeypatch):
     """A fused step over at most CLUSTER_MAX chunks of positions combines as one cluster a head
-    group (the plan records it on any machine; lowering uses it on sm_90+); CLUSTER_MAX = 0: never."""
+    group (the plan records it on any machine; lowering uses it on sm_90+); CLUSTER_MAX = 0: never.
+    (FAST_CHUNK positions a block: the short chunk off.)"""
+    monkeypatch.setattr(attention, "SHORT_CHUNK", 0)
     c = Case(64, n_kv, 8, 2, 1, n_ctx=-(-n_kv // 8) * 8 + 8)  # rows 16-byte aligned: the fast build
     (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
     assert step.choice.fast and step.choice.cluster == cluster
     monkeypatch.setattr(attention, "CLUSTER_MAX", 0)
     (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
     assert step.choice.cluster == 0 and step.choice.fused == (n_kv <= 1024)
+
+
+@pytest.mark.parametrize("hd,n_kv,nh,nkv,chunk,cluster", [
+    (128, 128, 32, 8, 32, 4),   # llama-3-8B heads at tg128: 8 groups x 2 chunks = 16 blocks
+    (128, 512, 32, 8, 64, 8),   # 64 blocks: FAST_CHUNK
+    (64, 300, 8, 2, 32, 0),     # 10 chunks of 32: combined in the kernel, not a cluster
+    (64, 600, 8, 2, 64, 0),     # 19 chunks of 32 would need flash_combine: FAST_CHUNK
+    (64, 128, 16, 2, 64, 2),    # 8 heads a block: no short build
+])
+def test_plan_short_contexts_take_the_short_chunk(hd, n_kv, nh, nkv, chunk, cluster, monkeypatch):
+    """Few blocks with FAST_CHUNK positions each (a short context): SHORT_CHUNK positions a
+    block, twice the blocks, recorded in the choice and the kernel's name; SHORT_CHUNK = 0: never."""
+    c = Case(hd, n_kv, nh, nkv, 1, n_ctx=-(-n_kv // 8) * 8 + 8)
+    (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
+    k = step.choice
+    assert (k.fast, k.chunk, k.cluster, k.fused) == (True, chunk, cluster, True)
+    assert step.kernel == attention.fast_symbol("f16", k.heads, hd, False, chunk)
+    assert k.scratch == 4 * nh * -(-n_kv // chunk) * (2 + hd) + attention.O_ALIGN
+    monkeypatch.setattr(attention, "SHORT_CHUNK", 0)
+    (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
+    assert step.choice.chunk == attention.FAST_CHUNK and step.kernel.endswith(f"_d{hd}")
 
 
 @pytest.mark.parametrize("form,ops", [("diag", ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat")),
@@ -148,7 +171,8 @@ def test_plan_fuses_position_major_v(v, form, heads):
     out = Case(128, 100, nh, nkv, 1, form=form, v=v, n_ctx=104).build(gg.Context())
     plan = gg.build_forward(out, backends=("cuda", "cpu")).plan
     (flash,) = flash_steps(plan)
-    assert flash.kernel == f"flash_attn_f16_h{attention.heads_per_block(nh, nkv)}_d128_vpos", str(plan)
+    assert flash.kernel == attention.fast_symbol("f16", attention.heads_per_block(nh, nkv), 128, True,
+                                                 flash.choice.chunk), str(plan)
     assert not [s for s in plan.steps if s.ops == ("cont",)] and len(flash.elided) == (v == "cont")
 
 
@@ -211,7 +235,8 @@ def test_plan_llama_cpp_block_fuses(write, v):
     g, out = Block(write=write, v=v).graph()
     plan = g.plan
     (flash,) = flash_steps(plan)
-    assert flash.kernel == "flash_attn_f16_h4_d128_vpos" and flash is plan.steps[-1], str(plan)
+    assert flash.kernel == attention.fast_symbol("f16", 4, 128, True, flash.choice.chunk), str(plan)
+    assert flash is plan.steps[-1], str(plan)
     assert not [s for s in plan.steps if s.ops == ("cont",)]
     assert [s.ops[0] for s in plan.steps[:2]] == [write] * 2  # the cache writes come first
 
@@ -254,6 +279,15 @@ CASES = {
     "v-pos-d128-gqa8-short": dict(hd=128, n_kv=300, nh=32, nkv=4, T=1, v="pos", n_ctx=304),
 }
 
+# short contexts: the fast builds with attention.SHORT_CHUNK positions a block (the rule picks them)
+SHORT = {
+    "llama3-8b-tg128-vpos": dict(hd=128, n_kv=128, nh=32, nkv=8, T=1, n_ctx=128, v="pos"),
+    "smollm2-h1-d64": dict(hd=64, n_kv=100, nh=9, nkv=3, T=1, n_ctx=128),
+    "gqa2-bf16-t3-diag": dict(hd=64, n_kv=200, nh=4, nkv=2, T=3, dtype="bf16", form="diag", n_ctx=256),
+    "mha-ext-odd": dict(hd=128, n_kv=65, nh=2, nkv=2, T=1, form="ext", n_ctx=72),
+    "gqa4-cont-one-position": dict(hd=64, n_kv=1, nh=8, nkv=2, T=1, v="cont", n_ctx=8),
+}
+
 
 def compute(case, fuse=True):
     ctx = gg.Context()
@@ -278,7 +312,7 @@ def test_flash_matches_reference_and_unfused(name, combine, monkeypatch):
     case = Case(**CASES[name], seed=len(name))
     g, out = compute(case)
     (flash,) = flash_steps(g.plan)
-    splits = -(-case.n_kv // attention.FAST_CHUNK)
+    splits = -(-case.n_kv // (flash.choice.chunk or attention.FAST_CHUNK))
     assert flash.choice.fused == (flash.choice.fast and splits <= attention.FUSE_SPLITS)
     assert flash.choice.cluster == (splits if flash.choice.fused and splits <= attention.CLUSTER_MAX else 0)
     assert all(s.backend == "cuda" for s in g.plan.steps)
@@ -290,6 +324,26 @@ def test_flash_matches_reference_and_unfused(name, combine, monkeypatch):
     assert nmse(got, case.reference()) <= LIMIT
     _, plain = compute(case, fuse=False)
     assert nmse(got, plain.numpy().reshape(got.shape)) <= LIMIT
+
+
+@cuda
+@pytest.mark.parametrize("combine", ["cluster", "in_kernel"])
+@pytest.mark.parametrize("name", list(SHORT))
+def test_short_chunk_matches_reference_and_the_default_chunk(name, combine, monkeypatch):
+    """The *_c<SHORT_CHUNK> builds against float64 and against FAST_CHUNK positions a block."""
+    if combine != "cluster":
+        monkeypatch.setattr(attention, "CLUSTER_MAX", 0)
+    case = Case(**SHORT[name], seed=len(name))
+    g, out = compute(case)
+    (flash,) = flash_steps(g.plan)
+    assert flash.choice.chunk == attention.SHORT_CHUNK and flash.kernel.endswith(f"_c{attention.SHORT_CHUNK}")
+    got = out.numpy().reshape(case.nh, case.T, case.hd)
+    assert np.isfinite(got).all()
+    assert nmse(got, case.reference()) <= LIMIT
+    monkeypatch.setattr(attention, "SHORT_CHUNK", 0)
+    g2, out2 = compute(case)
+    assert flash_steps(g2.plan)[0].choice.chunk == attention.FAST_CHUNK
+    assert nmse(got, out2.numpy().reshape(got.shape)) <= LIMIT
 
 
 @cuda

@@ -336,6 +336,7 @@ def test_cache_rows_aligned_for_the_fast_attention(tmp_path, rng, n_ctx):
     """Any n_ctx gets the fast flash build: the cache holds n_ctx rounded up to CACHE_ALIGN
     positions (zeros, masked), so a transposed V row stays 16-byte aligned; n_ctx still bounds
     the tokens (planned for CUDA, no GPU needed)."""
+    from gg.backends.cuda.families import attention
     from gg.models.model import CACHE_ALIGN
     path, _, _ = make_model(tmp_path, rng, quant=False, n_embd=128, n_head=2, n_head_kv=1)  # head dim 64
     m = load(path, backends=("cuda", "cpu"), n_ctx=n_ctx)
@@ -343,7 +344,8 @@ def test_cache_rows_aligned_for_the_fast_attention(tmp_path, rng, n_ctx):
     plan = m._decoder("argmax").graph.plan
     flash = [s for s in plan.steps if s.kernel.startswith("flash_attn")]
     assert len(flash) == m.hparams.n_layer, str(plan)
-    assert all(s.kernel == "flash_attn_f16_h2_d64" and s.choice.cluster == -(-m.cfg.n_ctx // 64) for s in flash)
+    assert all(s.kernel == attention.fast_symbol("f16", 2, 64, False, s.choice.chunk)
+               and s.choice.cluster == -(-m.cfg.n_ctx // s.choice.chunk) for s in flash)
     with pytest.raises(gg.GGError, match="n_ctx"):
         m._prefill(np.zeros(n_ctx + 1, np.int32), "last", "logits")
 

@@ -30,6 +30,14 @@ HEADS = (8, 4, 2, 1)      # query heads per block of the fast builds
 FAST_HD = (64, 128)       # head sizes with a fast build, for these cache dtypes:
 FAST_DTYPES = (F16, BF16)
 FAST_CHUNK = 64
+# Short contexts: where the FAST_CHUNK grid would have fewer than SHORT_BLOCKS blocks (most SMs
+# idle, the step as long as one block's chain of tile copy, scores, softmax and P·V), the fast
+# builds take SHORT_CHUNK positions a block (the *_c<SHORT_CHUNK> builds): twice the blocks, each
+# chain half as long, where the chunks still combine in the kernel (at most FUSE_SPLITS). The P·V step of the transposed-V layout needs NH <= chunk / 8, so head groups
+# of more go on with FAST_CHUNK. 0: never. (H200, 8B-dims F16 twin at n_ctx 128, 16 blocks: the
+# token 683.3 -> 667.6 us with 32 positions a block everywhere, scripts/model_steps.py --fa-chunk 32.)
+SHORT_CHUNK = 32
+SHORT_BLOCKS = 64
 THREADS = 128
 COMBINE_THREADS, COMBINE_OUT = 128, 32
 FUSE_MAX = 16             # chunks per row the in-kernel combine can take (kernels/attn.cu FA_FUSE_SPLITS)
@@ -42,19 +50,39 @@ CLUSTER_MAX = 8
 EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
 BLOCKS_PER_SM = 4
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
-DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_CHUNK": FAST_CHUNK, "FA_MAX_CHUNK": CHUNKS[0],
+
+
+def short_heads() -> tuple[int, ...]:
+    """The head groupings (of HEADS) with a SHORT_CHUNK build."""
+    return tuple(h for h in HEADS if SHORT_CHUNK and SHORT_CHUNK != FAST_CHUNK and h <= SHORT_CHUNK // 8)
+
+
+def fast_lists() -> dict[str, str]:
+    """The fast builds kernels/attn.cu instantiates, from FAST_CHUNK, SHORT_CHUNK and HEADS."""
+    return {"FA_CHUNK": str(FAST_CHUNK),
+            "GG_FOR_FA_FAST(X, ...)": " ".join(f"X({nh}, {hd}, __VA_ARGS__)" for nh, hd in product(HEADS, FAST_HD)),
+            "GG_FOR_FA_SHORT(X, ...)": " ".join(f"X({nh}, {hd}, {SHORT_CHUNK}, __VA_ARGS__)"
+                                                for nh, hd in product(short_heads(), FAST_HD))}
+
+
+def fast_symbol(dtype: str, nh: int, hd: int, v_pos: bool, chunk: int) -> str:
+    """The fast build's kernel name (kernels/attn.cu GG_FA_FAST, GG_FA_SHORT)."""
+    return (f"flash_attn_{dtype}_h{nh}_d{hd}" + ("_vpos" if v_pos else "")
+            + ("" if chunk == FAST_CHUNK else f"_c{chunk}"))
+
+
+DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
                        "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
-                       "FA_CLUSTER_MAX": MAX_CLUSTER,
-                       "GG_FOR_FA_FAST(X, ...)": " ".join(f"X({nh}, {hd}, __VA_ARGS__)"
-                                                          for nh, hd in product(HEADS, FAST_HD))}}
+                       "FA_CLUSTER_MAX": MAX_CLUSTER, **fast_lists()}}
 
 
 @dataclass(frozen=True)
 class FlashKernel(Kernel):
     fast: bool
     heads: int   # query heads per block (fast builds)
-    chunk: int   # positions per block (fast builds; the generic build picks one for the device's SMs)
+    chunk: int   # positions per block (fast builds: FAST_CHUNK or SHORT_CHUNK; the generic build picks
+    # one for the device's SMs)
     v_pos: bool = False  # V position-major (head dim contiguous): the *_vpos fast builds, the generic flag
     fused: bool = False  # the last block of each head group combines (kernels/attn.cu flash_finish)
     cluster: int = 0     # > 0: on sm_90+ the `cluster` chunks of a head group combine as one cluster
@@ -124,11 +152,15 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     if (k.dtype in FAST_DTYPES and hd in FAST_HD and rows_aligned(k) and fast_splits <= MAX_SPLITS
             and (_pos_rows_aligned(v) if v_pos else rows_aligned(v))):
         nh = heads_per_block(kqv.ne[2], k.ne[2])
-        fused = fast_splits <= FUSE_SPLITS
-        cluster = fast_splits if fused and fast_splits <= min(CLUSTER_MAX, MAX_CLUSTER) else 0
         groups = kqv.ne[2] // nh * q.ne[1] * kqv.ne[3]  # the grid's y * z: one counter each
-        return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h{nh}_d{hd}" + ("_vpos" if v_pos else ""), True,
-                           nh, FAST_CHUNK, v_pos, fused, cluster, scratch=4 * rows * fast_splits * (2 + hd) + O_ALIGN,
+        short = (nh in short_heads() and fast_splits * groups < SHORT_BLOCKS
+                 and -(-n_kv // SHORT_CHUNK) <= FUSE_SPLITS)  # ... and the combine stays in the kernel
+        chunk = SHORT_CHUNK if short else FAST_CHUNK
+        splits = -(-n_kv // chunk)
+        fused = splits <= FUSE_SPLITS
+        cluster = splits if fused and splits <= min(CLUSTER_MAX, MAX_CLUSTER) else 0
+        return FlashKernel("attn.cu", fast_symbol(k.dtype.name, nh, hd, v_pos, chunk), True,
+                           nh, chunk, v_pos, fused, cluster, scratch=4 * rows * splits * (2 + hd) + O_ALIGN,
                            table=4 * groups if fused else 0)
     fits = [c for c in CHUNKS if -(-n_kv // c) <= MAX_SPLITS]
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
@@ -173,6 +205,8 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
 def variants() -> list[Variant]:
     v = [Variant("attn.cu", "flash_combine")]
     v += [Variant("attn.cu", f"flash_attn_{t}_h1") for t in FLOAT_NAMES]
-    v += [Variant("attn.cu", f"flash_attn_{t.name}_h{nh}_d{hd}{vp}")
-          for t, nh, hd, vp in product(FAST_DTYPES, HEADS, FAST_HD, ("", "_vpos"))]
+    v += [Variant("attn.cu", fast_symbol(t.name, nh, hd, vp, FAST_CHUNK))
+          for t, nh, hd, vp in product(FAST_DTYPES, HEADS, FAST_HD, (False, True))]
+    v += [Variant("attn.cu", fast_symbol(t.name, nh, hd, vp, SHORT_CHUNK))
+          for t, nh, hd, vp in product(FAST_DTYPES, short_heads(), FAST_HD, (False, True))]
     return v

@@ -34,10 +34,10 @@
 // NaN + -inf would poison the row). A fully masked row gives zeros, like the unfused softmax.
 #include "common.cuh"
 
-// FA_THREADS, FA_CHUNK (positions per block of the fast builds), FA_MAX_CHUNK, FA_MAX_HD,
+// FA_THREADS, FA_CHUNK (positions per block of the fast builds; their *_c<N> builds: N), FA_MAX_CHUNK, FA_MAX_HD,
 // FA_MAX_SPLITS (chunks per row: flash_combine keeps their weights), FC_THREADS, FC_OUT,
 // FA_FUSE_SPLITS (chunks per row the last block combines), FA_O_ALIGN (the workspace o's alignment) and the
-// fast builds' list GG_FOR_FA_FAST come from the host (families/attention.py, as -D).
+// fast builds' lists GG_FOR_FA_FAST and GG_FOR_FA_SHORT come from the host (families/attention.py, as -D).
 #define FA_WARPS (FA_THREADS / 32)
 #define FA_BATCH 16        // chunk results a flash_combine thread loads at once
 
@@ -69,7 +69,7 @@ __device__ __forceinline__ float group_sum_scatter(float* acc, int lane, int& he
 struct FaArgs {
     float cx, post;   // score = post * (cx * K·q + mask)
     int n_past;       // >= 0: diag_mask_inf(n_past) instead of a mask tensor
-    int chunk;        // positions per block (the generic path; the fast path uses FA_CHUNK)
+    int chunk;        // positions per block (the generic path; a fast build's is its CH)
     int r2, r3;       // query heads (dim-3 batches) per K/V head: n_head / n_kv_head (host-divided)
     int pre;          // fast path: prefetch the block's K and V tiles into L2 before the wait
     int vpos;         // V position-major (head dim contiguous): the generic path's P·V loop order
@@ -100,8 +100,9 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
 }
 
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
-// VP (fast path): V position-major, its tile staged like K's ([FA_CHUNK][HD]).
-template <class TK, int NH, int HD>
+// VP (fast path): V position-major, its tile staged like K's ([CH][HD]). CH: the fast path's
+// positions per block (FA_CHUNK, or the host's short chunk).
+template <class TK, int NH, int HD, int CH>
 __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt, char* smem);
 template <int NH, int HD>
 __device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, const float* ml, const float* o);
@@ -115,14 +116,14 @@ __device__ __forceinline__ i64 fa_o_base(i64 R, int S) {
     return (2 * R * S + A - 1) & ~(A - 1);
 }
 
-template <class TK, int NH, int HD, bool VP>
+template <class TK, int NH, int HD, bool VP, int CH>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
                                            const char* k, const TDesc& kd, const char* v, const TDesc& vd,
                                            const char* mask, const TDesc& md, int mdt, const FaArgs& p,
                                            float* ws, int* cnt) {
     constexpr bool FAST = HD > 0;
-    constexpr int SC = FAST ? FA_CHUNK : FA_MAX_CHUNK;
-    // dynamic: the K tile [FA_CHUNK][HD] and the V tile [HD][FA_CHUNK] ([FA_CHUNK][HD] if VP) (fast path)
+    constexpr int SC = FAST ? CH : FA_MAX_CHUNK;
+    // dynamic: the K tile [CH][HD] and the V tile [HD][CH] ([CH][HD] if VP) (fast path)
     extern __shared__ __align__(16) char dyn[];
     __shared__ float qs[NH][FAST ? 1 : FA_MAX_HD];  // q (generic path; the fast path keeps it in registers)
     __shared__ float sc[NH][SC];                  // the mask, then the scores, then e^(s - m)
@@ -131,7 +132,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     const float NEG_INF = -__int_as_float(0x7f800000);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hd = FAST ? HD : (int)kd.ne[0];
-    const int chunk = FAST ? FA_CHUNK : p.chunk;
+    const int chunk = FAST ? CH : p.chunk;
     const i64 n_kv = kd.ne[1];
     const int T = (int)d.ne[1];
     // 32-bit index arithmetic: a 64-bit division is a ~70-instruction routine.
@@ -168,20 +169,20 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 
     // fast path: every K and V byte of the chunk in flight at once (V positions past len
     // zero-filled), as two cp.async groups (K, then V)
-    constexpr int KROW = FAST ? HD * (int)sizeof(TK) : 16, VROW = FA_CHUNK * (int)sizeof(TK);  // tile row bytes
+    constexpr int KROW = FAST ? HD * (int)sizeof(TK) : 16, VROW = CH * (int)sizeof(TK);  // tile row bytes
     char* Ks = dyn;
-    char* Vs = dyn + FA_CHUNK * KROW;
+    char* Vs = dyn + CH * KROW;
     auto copy_tiles = [&]() {
         constexpr int KP = KROW / 16, VP_ = VROW / 16;  // 16-byte pieces per tile row
 #pragma unroll
-        for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
+        for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
             const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
             if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
         }
         cp_async_commit();
         if constexpr (VP) {  // like K; rows past len zero-filled (their weight is 0, 0 * NaN is not)
 #pragma unroll
-            for (int i = 0; i < FA_CHUNK * KP / FA_THREADS; ++i) {
+            for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
                 const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
                 const bool in = r < len;
                 cp_async16(Vs + r * KROW + c * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
@@ -250,7 +251,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             __syncthreads();
             constexpr int GROUPS = FA_THREADS / TPP;
 #pragma unroll
-            for (int u = 0; u < FA_CHUNK / GROUPS; ++u) {
+            for (int u = 0; u < CH / GROUPS; ++u) {
                 const int jj = u * GROUPS + grp;
                 float kv[8];
                 if (jj < len && gl * 8 < HD) {
@@ -317,14 +318,14 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             constexpr int WH = NH >= FA_WARPS ? FA_WARPS : 1, HPW = NH / WH, PW = FA_WARPS / WH;
             constexpr int KEEP = HPW * 8 / LS;
             static_assert(NH % WH == 0 && HPW * 8 >= LS, "heads split evenly over the warps");
-            static_assert(PW == 1 || PW * NH * HD * 4 <= FA_CHUNK * KROW, "the warps' sums fit in the K tile");
+            static_assert(PW == 1 || PW * NH * HD * 4 <= CH * KROW, "the warps' sums fit in the K tile");
             const int hw = WH > 1 ? warp : 0, pw = WH > 1 ? 0 : warp;
             const int dg = lane % G, ls = lane / G;
             float acc[HPW * 8];
 #pragma unroll
             for (int i = 0; i < HPW * 8; ++i) acc[i] = 0.0f;
 #pragma unroll
-            for (int u = 0; u < FA_CHUNK / (PW * LS); ++u) {
+            for (int u = 0; u < CH / (PW * LS); ++u) {
                 const int jj = (u * PW + pw) * LS + ls;
                 float vv[8];
                 ld8<TK>(Vs + jj * KROW + dg * 8 * (int)sizeof(TK), vv);
@@ -358,7 +359,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                 }
             }
         } else if constexpr (FAST) {  // V rows run over positions: VL lanes cover a tile row, 8 positions each
-            constexpr int VL = FA_CHUNK / 8, ROWS = 32 / VL;
+            constexpr int VL = CH / 8, ROWS = 32 / VL;
             const int lr = lane % VL, rw = lane / VL;
             const int vwriter = (lr & (VL / NH - 1)) == 0;
             float pr[NH][8];
@@ -417,7 +418,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         if (early) cp_async_wait<0>();  // no copy may land in a block that has left
     }
     if (cl) flash_cluster_finish<NH, HD>(dst, d, &cml[0][0], co);
-    else if (cnt) flash_finish<TK, NH, HD>(dst, d, ws, cnt, dyn);
+    else if (cnt) flash_finish<TK, NH, HD, CH>(dst, d, ws, cnt, dyn);
 }
 
 // The chunk weights of a head group's rows, thread i < n (= heads * S) taking entry i = (head,
@@ -446,10 +447,10 @@ __device__ __forceinline__ void chunk_weights(float* w, float* lw, int n, int S)
 // all in flight at once: the tail is one round trip a pass (one pass for NH <= PH), where a loop
 // over the heads with its loads inside had cost one round trip a head. Loads bypass L1 (the other
 // blocks wrote on other SMs). Fast builds only (HD > 0): S <= FA_FUSE_SPLITS.
-template <class TK, int NH, int HD>
+template <class TK, int NH, int HD, int CH>
 __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* ws, int* cnt, char* smem) {
     if constexpr (HD > 0) {
-        constexpr int TILES = 2 * FA_CHUNK * HD * (int)sizeof(TK);  // the block's dynamic shared memory
+        constexpr int TILES = 2 * CH * HD * (int)sizeof(TK);  // the block's dynamic shared memory
         constexpr int PH = TILES / (FA_FUSE_SPLITS * HD * 4) < NH ? TILES / (FA_FUSE_SPLITS * HD * 4) : NH;
         static_assert(PH >= 1 && NH % PH == 0 && NH * FA_FUSE_SPLITS <= FA_THREADS, "combine passes");
         __shared__ int last;
@@ -615,7 +616,7 @@ extern "C" __global__ void __launch_bounds__(FC_THREADS)
 // Before the wait for the predecessor (the cache write: a latency-bound step, the DRAM idle):
 // the block's K and V tiles into L2, a line per thread, so the first wave's tiles are on their
 // way when the wait ends (decode, H100: 85.1 -> 84.1 us). Fast builds only (HD 64 or 128).
-template <class TK, int NH, int HD, bool VP>
+template <class TK, int NH, int HD, bool VP, int CH>
 __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k, const TDesc& kd, const char* v,
                                                   const TDesc& vd, const FaArgs& p) {
     if constexpr (HD > 0) {
@@ -625,30 +626,38 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
         const char* kb = k + kh * kd.nb[2] + i3 * kd.nb[3];
         const char* vb = v + kh * vd.nb[2] + i3 * vd.nb[3];
         const int t = (int)threadIdx.x;
-        const i64 j0 = (i64)blockIdx.x * FA_CHUNK, r = j0 + t / LINES;
-        if (t < FA_CHUNK * LINES && r < kd.ne[1]) l2_prefetch_line(kb + r * kd.nb[1] + (t % LINES) * 128);
-        if (VP && t < FA_CHUNK * LINES && r < kd.ne[1]) l2_prefetch_line(vb + r * vd.nb[0] + (t % LINES) * 128);
+        const i64 j0 = (i64)blockIdx.x * CH, r = j0 + t / LINES;
+        if (t < CH * LINES && r < kd.ne[1]) l2_prefetch_line(kb + r * kd.nb[1] + (t % LINES) * 128);
+        if (VP && t < CH * LINES && r < kd.ne[1]) l2_prefetch_line(vb + r * vd.nb[0] + (t % LINES) * 128);
         if (!VP && t < HD) l2_prefetch_line(vb + t * vd.nb[1] + j0 * (i64)sizeof(TK));
     }
 }
 
-#define GG_FA(T, S, NH, HD, VP, NAME)                                                                      \
+#define GG_FA(T, S, NH, HD, VP, CH, NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt) {                         \
-        flash_l2_prefetch<T, NH, HD, VP>(d, k, kd, v, vd, p);                                              \
+        flash_l2_prefetch<T, NH, HD, VP, CH>(d, k, kd, v, vd, p);                                          \
         gg_grid_sync();                                                                                    \
-        flash_impl<T, NH, HD, VP>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);                 \
+        flash_impl<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);             \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V
-// layouts; one generic build per dtype (one query head per block, either layout), for the rest.
-// Compile time grows with every variant.
-#define GG_FA_FAST(NH, HD, T, S) GG_FA(T, S, NH, HD, false, flash_attn_##S##_h##NH##_d##HD)
-#define GG_FA_FAST_VPOS(NH, HD, T, S) GG_FA(T, S, NH, HD, true, flash_attn_##S##_h##NH##_d##HD##_vpos)
-GG_FA(float, f32, 1, 0, false, flash_attn_f32_h1)
-GG_FA(f16, f16, 1, 0, false, flash_attn_f16_h1)
-GG_FA(bf16, bf16, 1, 0, false, flash_attn_bf16_h1)
+// layouts, in chunks of FA_CHUNK positions, and for short contexts in the host's short chunk C
+// (*_c<C>, the head groupings C allows: GG_FOR_FA_SHORT, empty when the host has none);
+// one generic build per dtype (one query head per block, either layout), for the rest. Compile
+// time grows with every variant.
+#define GG_FA_FAST(NH, HD, T, S) GG_FA(T, S, NH, HD, false, FA_CHUNK, flash_attn_##S##_h##NH##_d##HD)
+#define GG_FA_FAST_VPOS(NH, HD, T, S) GG_FA(T, S, NH, HD, true, FA_CHUNK, flash_attn_##S##_h##NH##_d##HD##_vpos)
+#define GG_FA_SHORT(NH, HD, C, T, S) GG_FA(T, S, NH, HD, false, C, flash_attn_##S##_h##NH##_d##HD##_c##C)
+#define GG_FA_SHORT_VPOS(NH, HD, C, T, S) GG_FA(T, S, NH, HD, true, C, flash_attn_##S##_h##NH##_d##HD##_vpos_c##C)
+GG_FA(float, f32, 1, 0, false, FA_CHUNK, flash_attn_f32_h1)
+GG_FA(f16, f16, 1, 0, false, FA_CHUNK, flash_attn_f16_h1)
+GG_FA(bf16, bf16, 1, 0, false, FA_CHUNK, flash_attn_bf16_h1)
 GG_FOR_FA_FAST(GG_FA_FAST, f16, f16)
 GG_FOR_FA_FAST(GG_FA_FAST, bf16, bf16)
 GG_FOR_FA_FAST(GG_FA_FAST_VPOS, f16, f16)
 GG_FOR_FA_FAST(GG_FA_FAST_VPOS, bf16, bf16)
+GG_FOR_FA_SHORT(GG_FA_SHORT, f16, f16)
+GG_FOR_FA_SHORT(GG_FA_SHORT, bf16, bf16)
+GG_FOR_FA_SHORT(GG_FA_SHORT_VPOS, f16, f16)
+GG_FOR_FA_SHORT(GG_FA_SHORT_VPOS, bf16, bf16)
