@@ -117,7 +117,7 @@ def test_plan_clusters_short_contexts(n_kv, cluster, monkeypatch):
 @pytest.mark.parametrize("hd,n_kv,nh,nkv,chunk,cluster", [
     (128, 128, 32, 8, 32, 4),   # llama-3-8B heads at tg128: 8 groups x 2 chunks = 16 blocks
     (128, 512, 32, 8, 64, 8),   # 64 blocks: FAST_CHUNK
-    (64, 300, 8, 2, 32, 0),     # 10 chunks of 32: combined in the kernel, not a cluster
+    (64, 300, 8, 2, 64, 5),     # 5 chunks of 64 combine in a cluster, 10 of 32 could not: FAST_CHUNK
     (64, 600, 8, 2, 64, 0),     # 19 chunks of 32 would need flash_combine: FAST_CHUNK
     (64, 128, 16, 2, 64, 2),    # 8 heads a block: no short build
 ])
@@ -133,6 +133,16 @@ def test_plan_short_contexts_take_the_short_chunk(hd, n_kv, nh, nkv, chunk, clus
     monkeypatch.setattr(attention, "SHORT_CHUNK", 0)
     (step,) = flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)
     assert step.choice.chunk == attention.FAST_CHUNK and step.kernel.endswith(f"_d{hd}")
+
+
+def test_short_chunk_keeps_the_combine_of_the_fast_chunk(monkeypatch):
+    """Without clusters (CLUSTER_MAX = 0) both chunks combine in the kernel, so 300 positions take
+    10 chunks of SHORT_CHUNK; with clusters the 5 of FAST_CHUNK keep theirs."""
+    c = Case(64, 300, 8, 2, 1, n_ctx=312)
+    plan = lambda: flash_steps(gg.build_forward(c.build(gg.Context()), backends=("cuda", "cpu")).plan)[0].choice
+    assert (plan().chunk, plan().cluster) == (attention.FAST_CHUNK, 5)
+    monkeypatch.setattr(attention, "CLUSTER_MAX", 0)
+    assert (plan().chunk, plan().cluster, plan().fused) == (attention.SHORT_CHUNK, 0, True)
 
 
 @pytest.mark.parametrize("form,ops", [("diag", ("mul_mat", "scale", "diag_mask_inf", "soft_max", "mul_mat")),

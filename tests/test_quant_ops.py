@@ -467,13 +467,13 @@ def test_norm_mul_mat_quantized_cuda(dt, rows, k, rng, stream_norm, monkeypatch)
 
 
 def test_one_column_rows_per_block():
-    """mul_mat_vec1 takes MV1_ROWS rows a block (4 for the 4-bit types: only small matrices reach
-    it), the sibling products MV_ROWS (8): SmolLM2's 576-wide rows give 3 slots of 4 = 12 rows a
-    block (48 blocks for 576 rows), the siblings 24; several columns keep MV_ROWS_MULTI."""
+    """mul_mat_vec1 takes MV1_ROWS rows a block (2 for the 4-bit types: only small matrices reach
+    it), the sibling products MV_ROWS (8): SmolLM2's 576-wide rows give 3 slots of 2 = 6 rows a
+    block (96 blocks for 576 rows), the siblings 24; several columns keep MV_ROWS_MULTI."""
     for dt in (gg.Q4_0, gg.Q4_1):
-        assert blocks.matvec_rows(dt, 576, 1) == 12 and blocks.matvec_rows(dt, 576, 1, sibling=True) == 24
-        assert blocks.matvec_grid(dt, 576, 576, 1)[0] == (48, 1, 1)
-        assert blocks.matvec_rows(dt, 4096, 1) == 4 and blocks.matvec_rows(dt, 4096, 3) == blocks.MV_ROWS_MULTI
+        assert blocks.matvec_rows(dt, 576, 1) == 6 and blocks.matvec_rows(dt, 576, 1, sibling=True) == 24
+        assert blocks.matvec_grid(dt, 576, 576, 1)[0] == (96, 1, 1)
+        assert blocks.matvec_rows(dt, 4096, 1) == 2 and blocks.matvec_rows(dt, 4096, 3) == blocks.MV_ROWS_MULTI
     assert blocks.matvec_rows(gg.Q6_K, 4096, 1) == blocks.matvec_rows(gg.Q6_K, 4096, 1, sibling=True) == 6
 
 

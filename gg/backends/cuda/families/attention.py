@@ -33,7 +33,8 @@ FAST_CHUNK = 64
 # Short contexts: where the FAST_CHUNK grid would have fewer than SHORT_BLOCKS blocks (most SMs
 # idle, the step as long as one block's chain of tile copy, scores, softmax and P·V), the fast
 # builds take SHORT_CHUNK positions a block (the *_c<SHORT_CHUNK> builds): twice the blocks, each
-# chain half as long, where the chunks still combine in the kernel (at most FUSE_SPLITS). The P·V step of the transposed-V layout needs NH <= chunk / 8, so head groups
+# chain half as long, where the chunks still combine as FAST_CHUNK's would (in a cluster, or in
+# the kernel). The P·V step of the transposed-V layout needs NH <= chunk / 8, so head groups
 # of more go on with FAST_CHUNK. 0: never. (H200, 8B-dims F16 twin at n_ctx 128, 16 blocks: the
 # token 683.3 -> 667.6 us with 32 positions a block everywhere, scripts/model_steps.py --fa-chunk 32.)
 SHORT_CHUNK = 32
@@ -153,12 +154,15 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
             and (_pos_rows_aligned(v) if v_pos else rows_aligned(v))):
         nh = heads_per_block(kqv.ne[2], k.ne[2])
         groups = kqv.ne[2] // nh * q.ne[1] * kqv.ne[3]  # the grid's y * z: one counter each
-        short = (nh in short_heads() and fast_splits * groups < SHORT_BLOCKS
-                 and -(-n_kv // SHORT_CHUNK) <= FUSE_SPLITS)  # ... and the combine stays in the kernel
+        clustered = min(CLUSTER_MAX, MAX_CLUSTER)
+        # ... and the combine stays what the FAST_CHUNK grid's would be: in a cluster where that one
+        # is (n_kv 300: 5 chunks combine in a cluster, 10 would need the ticket), else in the kernel
+        keep = clustered if fast_splits <= clustered else FUSE_SPLITS
+        short = nh in short_heads() and fast_splits * groups < SHORT_BLOCKS and -(-n_kv // SHORT_CHUNK) <= keep
         chunk = SHORT_CHUNK if short else FAST_CHUNK
         splits = -(-n_kv // chunk)
         fused = splits <= FUSE_SPLITS
-        cluster = splits if fused and splits <= min(CLUSTER_MAX, MAX_CLUSTER) else 0
+        cluster = splits if fused and splits <= clustered else 0
         return FlashKernel("attn.cu", fast_symbol(k.dtype.name, nh, hd, v_pos, chunk), True,
                            nh, chunk, v_pos, fused, cluster, scratch=4 * rows * splits * (2 + hd) + O_ALIGN,
                            table=4 * groups if fused else 0)

@@ -35,8 +35,10 @@ MV_ROWS = {Q8_0: 4, Q4_0: 8, Q4_1: 8, Q4_K: 4, Q6_K: 6}
 # take it only below MVS_MIN_ELEMENTS (the streaming build above), matrices too small to fill the
 # GPU, where more blocks of fewer rows shorten each block's serial work: SmolLM2-135M dims Q4_1
 # (576-wide, 24 -> 48 blocks) replayed a token in 747.5 us with 4 rows, 786-792 with 8 (H100; the
-# siblings too at 4: 734.8, but the 8B norm+QKV step got slower, docs/performance.md).
-MV1_ROWS = {**MV_ROWS, Q4_0: 4, Q4_1: 4}
+# siblings too at 4: 734.8, but the 8B norm+QKV step got slower, docs/performance.md). H200,
+# nineteenth session: the SmolLM2-dims Q4_1 token loop (n_ctx 128) 630.8 us with 4 rows, 593.6
+# with 2 (96 blocks).
+MV1_ROWS = {**MV_ROWS, Q4_0: 2, Q4_1: 2}
 # ... of the sibling steps of QX_TYPES weights below MVS_MIN_ELEMENTS (mul_mat_sibq*_qx_small; 0:
 # none): a SmolLM2 step (576-wide rows, 3 slots a block) gets 80 blocks instead of 40 for its
 # stacked QKV. H100: its token 734.6 us with 4 rows against 747.5 with 8, while the 8B norm+QKV
