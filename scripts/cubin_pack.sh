@@ -5,9 +5,19 @@
 # fresh machine starts without minutes of NVRTC compiles. An entry's key is the sha256 of its
 # source, options, arch and NVRTC version (gg/backends/cuda/compiler.py): where the device's NVRTC
 # or a kernel source differs, that entry is simply not used.
-#   bash scripts/cubin_pack.sh [ARCH [REV...]]
+# NVRTC=X.Y (default 13.0, the H200 machines' as scripts/gpu_env.sh reported it in the nineteenth
+# session; their first session's pack by this machine's 13.5 served nothing) compiles with that
+# NVRTC from a throwaway venv (nvidia-cuda-nvrtc==X.Y.* from pip); NVRTC= uses this machine's.
+#   [NVRTC=X.Y] bash scripts/cubin_pack.sh [ARCH [REV...]]
 set -eu
 cd "$(dirname "$0")/.."
+NVRTC=${NVRTC-13.0}
+if [ -n "$NVRTC" ]; then
+    venv=/tmp/gg-nvrtc-$NVRTC
+    [ -x "$venv/bin/python3" ] || { python3 -m venv --system-site-packages "$venv" &&
+        "$venv/bin/python3" -m pip install -q "nvidia-cuda-nvrtc==$NVRTC.*"; }
+    export PATH="$venv/bin:$PATH"
+fi
 arch=${1:-sm_90}; shift || true
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
