@@ -8,7 +8,10 @@
 # NVRTC=X.Y (default 13.0, the H200 machines' as scripts/gpu_env.sh reported it in the nineteenth
 # session; their first session's pack by this machine's 13.5 served nothing) compiles with that
 # NVRTC from a throwaway venv (nvidia-cuda-nvrtc==X.Y.* from pip); NVRTC= uses this machine's.
-#   [NVRTC=X.Y] bash scripts/cubin_pack.sh [ARCH [REV...]]
+# CONSTS="blocks.MVS_BLOCKS_SM=6 blocks.MVS_THREADS=256": this tree's kernels also with each of
+# those constants (scripts/plan_consts.py, as scripts/model_steps.py --const sets them), so an A/B of
+# them on the device compiles nothing either.
+#   [NVRTC=X.Y] [CONSTS="FAMILY.NAME=N ..."] bash scripts/cubin_pack.sh [ARCH [REV...]]
 set -eu
 cd "$(dirname "$0")/.."
 NVRTC=${NVRTC-13.0}
@@ -22,6 +25,10 @@ arch=${1:-sm_90}; shift || true
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 GG_CACHE_DIR="$tmp" python3 -m gg kernels --arch "$arch" | tail -1
+for c in ${CONSTS:-}; do  # the kernels whose defines it changes add entries
+    GG_CACHE_DIR="$tmp" python3 -c "import sys; sys.path.insert(0, 'scripts'); import plan_consts
+plan_consts.apply(['$c']); from gg.__main__ import main; sys.exit(main(['kernels', '--arch', '$arch', '-q']))" | tail -1 | sed "s|^|$c: |"
+done
 for rev in "$@"; do  # a tree's kernels that differ from this one's add entries; the rest are hits
     mkdir -p "$tmp/tree" && git archive "$rev" gg | tar -x -C "$tmp/tree"
     (cd "$tmp/tree" && GG_CACHE_DIR="$tmp" python3 -m gg kernels --arch "$arch" | tail -1 | sed "s|^|$rev: |")

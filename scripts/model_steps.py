@@ -12,7 +12,6 @@ its cost on the critical path, boundaries included; timing only, results are non
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import gg  # noqa: E402
 from gg.backends.cuda import runtime  # noqa: E402
+import plan_consts  # noqa: E402
 from step_costs import replay_us  # noqa: E402
 
 
@@ -160,16 +160,7 @@ def main() -> None:
         if n is not None:  # a kernel constant the host passes to NVRTC
             setattr(mod, name, n)
             mod.DEFINES[file][define] = n
-    for c in a.const:  # a kernel constant and the define the host passes to NVRTC under its name
-        path, n = c.split("=")
-        fam, name = path.rsplit(".", 1)
-        mod = importlib.import_module("gg.backends.cuda." + ("launch" if fam == "launch" else "families." + fam))
-        if not hasattr(mod, name):
-            raise SystemExit(f"--const: {fam} has no {name}")
-        setattr(mod, name, int(n))
-        for defs in getattr(mod, "DEFINES", {}).values():
-            if name in defs:
-                defs[name] = int(n)
+    plan_consts.apply(a.const)  # FAMILY.NAME=N: a kernel constant and its NVRTC define
     for table, define, arg in (("MV_ROWS", "QUANT_MV_ROWS_", a.mv_rows), ("MV1_ROWS", "QUANT_MV1_ROWS_", a.mv1_rows)):
         if arg:
             name, n = arg.split("=")

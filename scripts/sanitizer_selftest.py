@@ -12,7 +12,7 @@ SRC = 'extern "C" __global__ void oob(float* p, int n) { p[threadIdx.x + n] = 1.
 def main() -> None:
     rt = runtime.get()
     cubin = compiler.compile_source(SRC, "oob.cu", rt.arch, use_cache=False)
-    rt._modules["oob.cu"] = runtime.check(runtime.cu.cuModuleLoadData(cubin), "load")[0]
+    rt.add_module("oob.cu", cubin)
     buf = rt.alloc(64 * 4)
     Launch(rt, "oob.cu", "oob", (1, 1, 1), (64, 1, 1), Args().ptr(buf.ptr).i32(64 * 1024 * 1024))()
     try:

@@ -134,6 +134,34 @@ def test_damaged_cache_entry_is_recompiled(tmp_path, monkeypatch, damage):
 
 
 @cuda
+@pytest.mark.parametrize("tile", [16, 8])
+def test_a_constant_changed_in_process_loads_kernels_built_with_it(rng, monkeypatch, tile):
+    """Kernels are looked up under their file's -D constants: after copy.TILE and its CPY_TILE
+    change (an A/B switch, a test), the transposing copy launches a kernel built with the new tile,
+    not the one already loaded for the old (whose (TILE, 8) blocks would leave columns unwritten or
+    index past its shared tile)."""
+    from gg.backends.cuda import runtime
+    from gg.backends.cuda.families import copy
+    rt = runtime.get()
+    data = f32(rng, 45, 70)
+
+    def transposed():
+        y = gg.cont(gg.transpose(gg.Context().tensor(data)))
+        g = gg.build_forward(y, backends=("cuda",))
+        (step,) = g.plan.steps
+        g.compute()
+        assert np.array_equal(y.numpy(), data.T)
+        return rt.function(step.choice.file, step.kernel)
+
+    before = transposed()
+    monkeypatch.setattr(copy, "TILE", tile)
+    monkeypatch.setitem(copy.DEFINES["cpy.cu"], "CPY_TILE", tile)
+    assert transposed() != before
+    monkeypatch.undo()
+    assert transposed() == before  # the first module is still there, not rebuilt
+
+
+@cuda
 def test_kernel_that_fails_to_compile_at_compute_then_fixed(rng, tmp_path, monkeypatch):
     """A broken kernel source makes compute raise CompileError (with the log); once the source
     is right again, the same graph computes (its half-done bind is redone)."""

@@ -101,8 +101,10 @@ class Runtime:
         self.arch = compiler.pick_arch(*self.cc)
         (self.stream,) = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.stream_handle = int(self.stream)
-        self._modules: dict[str, Any] = {}
-        self._functions: dict[str, Any] = {}
+        # keyed by the file's -D constants too: a constant changed in this process (an A/B switch,
+        # a test) loads a module built with it instead of launching one built with the old value
+        self._modules: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._functions: dict[tuple[str, tuple[str, ...], str], Any] = {}
         # One int the kernels set when an input is bad (row index out of range); see synchronize().
         self.err_word = self.alloc(4)
         self.err_word.write(0, np.zeros(1, np.int32))
@@ -177,16 +179,22 @@ class Runtime:
         with self.enter():
             return self._function(file, name)
 
+    def add_module(self, file: str, cubin: bytes) -> None:
+        """Serve kernels named under `file` from `cubin` (compiled elsewhere: a test's own source)."""
+        with self.enter():
+            (mod,) = check(cu.cuModuleLoadData(cubin), f"loading the module of {file} ({self.arch})")
+            self._modules[(file, compiler.defines(file))] = mod
+
     def _function(self, file: str, name: str) -> Any:
-        fn = self._functions.get(name)
+        key = (file, compiler.defines(file))
+        fn = self._functions.get(key + (name,))
         if fn is None:
-            mod = self._modules.get(file)
+            mod = self._modules.get(key)
             if mod is None:
-                cubin = compiler.compile_file(file, self.arch)
-                (mod,) = check(cu.cuModuleLoadData(cubin), f"loading the module of {file} ({self.arch})")
-                self._modules[file] = mod
+                self.add_module(file, compiler.compile_file(file, self.arch))
+                mod = self._modules[key]
             (fn,) = check(cu.cuModuleGetFunction(mod, name.encode()), f"finding kernel {name} in {file}")
-            self._functions[name] = fn
+            self._functions[key + (name,)] = fn
         return fn
 
     def max_threads(self, file: str, name: str) -> int:

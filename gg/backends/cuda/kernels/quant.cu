@@ -1306,8 +1306,15 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 // mul_mat_sibs<R>[_norm]_<act>_<t>_f32_qx(wg, wu, nb1, x, nw, eps, y, n_rows, K, parts, partial,
 // tickets, pdl): the sibling SwiGLU / GeGLU step on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r];
 // gate and up rows nb1 bytes apart).
+// QUANT_MVS_BLOCKS_SM > 0 asks ptxas for registers that let that many blocks share an SM (the
+// streaming builds take 83-127 registers: 4-5 blocks of 128 threads an SM; shared memory allows 6).
+#if QUANT_MVS_BLOCKS_SM > 0
+#define GG_MVS_BOUNDS __launch_bounds__(QUANT_MVS_THREADS, QUANT_MVS_BLOCKS_SM)
+#else
+#define GG_MVS_BOUNDS __launch_bounds__(QUANT_MVS_THREADS)
+#endif
 #define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, N)                                                             \
-    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
+    extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
         mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
                                                    const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
                                                    int parts, float* partial, int* tickets, int pdl) {            \
@@ -1315,7 +1322,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
                                   pdl);                                                                           \
     }
 #define GG_QUANT_VECS_RN(Q, S, R, NORM, N)                                                                        \
-    extern "C" __global__ void __launch_bounds__(QUANT_MVS_THREADS)                                               \
+    extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
         mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
                                           float* y, const float* res, i64 n_rows, i64 K, int parts,               \
                                           float* partial, int* tickets, int pdl) {                                \
