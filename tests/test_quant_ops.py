@@ -237,6 +237,36 @@ def test_streaming_matvec_chunks_in_turn(dt, k, parts, rng, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dt", [gg.Q4_0, gg.Q8_0])
+def test_streaming_parts_meet_with_either_ticket(dt, rng, monkeypatch):
+    """The K parts' ticket with a fence by every thread (blocks.MVS_RELEASE 0) or one acq_rel atomic
+    after the barrier (1): the same bits, right against float64, three computes in a row with new
+    x (each last block resets its ticket)."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    ctx = gg.Context()
+    w = random_weights(rng, dt, 300, 14336, ctx)
+    xt = ctx.tensor(rng.standard_normal(14336).astype(np.float32))
+    r = rng.standard_normal(300).astype(np.float32)
+    xs = [rng.standard_normal(14336).astype(np.float32) for _ in range(3)]
+    got = {}
+    for release in (0, 1):
+        monkeypatch.setattr(blocks, "MVS_RELEASE", release)
+        monkeypatch.setitem(blocks.DEFINES["quant.cu"], "QUANT_MVS_RELEASE", release)
+        y = gg.add(gg.mul_mat(w, xt), ctx.tensor(r))
+        g = gg.build_forward(y, backends=("cuda",))
+        assert g.plan.steps[-1].choice.vecs.parts == 4
+        got[release] = []
+        for xa in xs:
+            xt.set(xa)
+            g.compute()
+            want = w.numpy().astype(np.float64) @ xa.astype(np.float64) + r
+            assert nmse(y.numpy().reshape(-1), want) <= NMSE_QUANT_ACTIVATIONS
+            got[release].append(y.numpy().copy())
+    for a, b in zip(got[0], got[1]):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dt", blocks.STREAM_TYPES)
 def test_streaming_chain_early_weights_change_nothing(dt, rng, monkeypatch):
     """An FFN of streaming steps (gate/up + SwiGLU, down in 3 parts + residual, then a product of

@@ -89,6 +89,10 @@ MVS_MAX_PARTS = 8
 # (their 83-127 registers allow 4-5 of 128 threads, their shared memory 6); 0: no minimum (A/B:
 # scripts/model_steps.py --const blocks.MVS_BLOCKS_SM=6)
 MVS_BLOCKS_SM = 0
+# 1: the K parts' ticket publishes a block's partial sums with one acq_rel atomic after its barrier
+# instead of a __threadfence by every thread before and after it (kernels/common.cuh
+# gg_last_block); 0: the fences (A/B: --const blocks.MVS_RELEASE=1)
+MVS_RELEASE = 0
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
 # mul_mat_vec* and mul_mat_sibq* copy their first chunks of weights before the wait too (early_flag):
 # the small models' products (SmolLM2: every one), latency-bound, start with their weights on the way
@@ -106,6 +110,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS, "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM,
+                        "QUANT_MVS_RELEASE": MVS_RELEASE,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 

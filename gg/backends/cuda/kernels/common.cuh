@@ -388,6 +388,33 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// The ticket of a thread block that meets n - 1 others through global memory (a split-K product's
+// parts): true in the last to arrive, which then reads what every other block wrote before taking
+// its ticket. RELEASE: after the block's barrier one thread's acq_rel atomic publishes the whole
+// block's writes (a PTX release covers what happens before it through the barrier, as CUTLASS's
+// semaphore relies on) and acquires the others'; else every thread fences before and after a
+// plain atomic (the threadFenceReduction sample).
+template <bool RELEASE>
+__device__ __forceinline__ bool gg_last_block(int* counter, int n) {
+    __shared__ int last;
+    if constexpr (!RELEASE) __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        if constexpr (RELEASE)
+            asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        else
+            old = atomicAdd(counter, 1);
+        last = old == n - 1;
+    }
+    __syncthreads();
+    const bool l = last;
+    if constexpr (!RELEASE) {
+        if (l) __threadfence();
+    }
+    return l;
+}
+
 // Bulk copies (sm_90, the TMA unit): one instruction moves a whole 16-byte-aligned run of a multiple
 // of 16 bytes into shared memory and counts its bytes on an mbarrier, which the block waits on; a
 // block copying long rows issues one instruction a row instead of one per 16 bytes per thread.

@@ -1103,7 +1103,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     __shared__ float red[R][NT / 32];
     __shared__ float ssw[NT / 32];
     __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
-    __shared__ int last;
     __shared__ unsigned char roff[QUANT_MVS_SLOTS * R];  // each weight row's offset from a 16-byte boundary
     const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K, parts);  // arithmetic only: nothing read yet
     if (g.no == 0) return;
@@ -1270,13 +1269,8 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             finish(j, v);
         }
     }
-    if (parts > 1) {  // the last block of the row block adds the parts' sums (threadFenceReduction)
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(tickets + g.rb, 1) == parts - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+    if (parts > 1) {  // the last block of the row block adds the parts' sums
+        if (!gg_last_block<QUANT_MVS_RELEASE != 0>(tickets + g.rb, parts)) return;
         if constexpr (NORM) {
             ss = 0.0f;
             for (int p = 0; p < parts; ++p) ss += __ldcg(partial + p * stride + wrows);
