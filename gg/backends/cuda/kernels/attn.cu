@@ -453,19 +453,10 @@ __device__ __forceinline__ void flash_finish(char* dst, const TDesc& d, float* w
         constexpr int TILES = 2 * CH * HD * (int)sizeof(TK);  // the block's dynamic shared memory
         constexpr int PH = TILES / (FA_FUSE_SPLITS * HD * 4) < NH ? TILES / (FA_FUSE_SPLITS * HD * 4) : NH;
         static_assert(PH >= 1 && NH % PH == 0 && NH * FA_FUSE_SPLITS <= FA_THREADS, "combine passes");
-        __shared__ int last;
         __shared__ float w[NH * FA_FUSE_SPLITS], lw[NH * FA_FUSE_SPLITS];
-        const int tid = threadIdx.x, S = (int)gridDim.x;
-        __threadfence();  // this block's (m, l, o) are visible device-wide before its ticket
-        __syncthreads();
-        if (tid == 0) {
-            const int g = (int)(blockIdx.y + gridDim.y * blockIdx.z);
-            last = atomicAdd(&cnt[g], 1) == S - 1;
-            if (last) cnt[g] = 0;  // every block of the group has its ticket: zero for the next run
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        const int tid = threadIdx.x, S = (int)gridDim.x, g = (int)(blockIdx.y + gridDim.y * blockIdx.z);
+        if (!gg_last_block<false>(&cnt[g], S)) return;  // every block's (m, l, o) written and visible
+        if (tid == 0) cnt[g] = 0;  // every block of the group has its ticket: zero for the next run
         const i64 R = (i64)gridDim.z * d.ne[2];
         const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
         const i64 row0 = (i64)blockIdx.z * d.ne[2] + (i64)blockIdx.y * NH;  // the group's first row
