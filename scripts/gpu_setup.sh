@@ -9,7 +9,7 @@
 #   bash scripts/gpu_setup.sh [REV for .ab/old, default main]
 set -eu
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.anchors/\n/.ab/\n' >> .git/info/exclude
+mkdir -p .git/info; grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.anchors/\n/.ab/\n' >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl nvmath-python==1.0.0 gguf==0.19.0
