@@ -109,8 +109,8 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         **{f"QUANT_MV_ROWS_{t.name.upper()}": n for t, n in MV_ROWS.items()},
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
-                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS, "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM,
-                        "QUANT_MVS_RELEASE": MVS_RELEASE,
+                        "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
+                        "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 
