@@ -156,12 +156,50 @@ def _no_epilogues(monkeypatch) -> None:
     (gg.BF16, gg.F16, gg.F16, 64, 264, 0, 3, 0, False),
 ])
 def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first):
+    _fused_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first)
+
+
+def _epi_rows(monkeypatch, rows: int) -> None:
+    """The epilogue builds with `rows` weight rows a block (the kernel's define too)."""
+    monkeypatch.setattr(matmul, "MMVW_EPI_ROWS", rows)
+    monkeypatch.setitem(matmul.DEFINES["mul_mat.cu"], "MMVW_EPI_ROWS", rows)
+
+
+@cuda
+@pytest.mark.parametrize("wdt,kdt,vdt,n_dims,n,mode,pos,lo,w_first", [
+    (gg.F16, gg.F16, gg.BF16, 64, 2048, 0, 13, 2, False),     # NORMAL pairs at a block's rows 2, 3
+    (gg.F16, gg.F16, gg.BF16, 64, 2048, NEOX, 13, 0, False),  # two pair slots and their partners
+    (gg.F32, gg.F32, gg.F16, 32, 1032, NEOX, 777, 4, True),   # NEOX over half a head
+    (gg.BF16, gg.F16, gg.F16, 64, 576, NEOX, 100, 0, False),  # a narrow build
+])
+def test_four_rows_a_block_match_the_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n,
+                                                                  mode, pos, lo, w_first):
+    """MMVW_EPI_ROWS = 4: a block holds two rope pairs (NEOX: pair slots c/2, c/2 + 1 of a head and
+    their partners n_dims/2 further, as the sibling epilogue lays its blocks out)."""
+    _epi_rows(monkeypatch, 4)
+    _fused_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first,
+                                                 rows=4)
+
+
+@pytest.mark.parametrize("n_dims,lo,fused", [(64, 0, True), (6, 0, False), (64, 2, False)])
+def test_four_rows_a_block_take_neox_only_where_the_pairs_fill_blocks(rng, monkeypatch, n_dims, lo, fused):
+    """With 4 rows a block a NEOX rope joins only when 4 divides lo, head_dim and n_dims."""
+    _epi_rows(monkeypatch, 4)
+    outs, _ = _qkv(gg.Context(), rng, n_dims=n_dims, mode=NEOX, lo=lo)
+    first = gg.build_forward(*outs, backends=("cuda", "cpu")).plan.steps[0]
+    assert (first.ops == EPI) is fused
+    if fused:
+        assert first.choice.rows == 4
+
+
+def _fused_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first,
+                                                 rows=2):
     ctx = gg.Context()
     outs, parts = _qkv(ctx, rng, n=n, n_dims=n_dims, wdt=wdt, kdt=kdt, vdt=vdt, mode=mode, pos=pos, lo=lo,
                        w_first=w_first)
     K0, V0 = parts["K"].numpy().copy(), parts["V"].numpy().copy()
     g = gg.build_forward(*outs, backends=("cuda",))
-    assert g.plan.steps[0].ops == EPI
+    assert g.plan.steps[0].ops == EPI and g.plan.steps[0].choice.rows == rows
     g.compute()
     got = [parts["out"].numpy().copy(), parts["K"].numpy().copy(), parts["V"].numpy().copy()]
     ref = _reference(parts, K0, V0)

@@ -35,6 +35,7 @@ MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 # the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
 MMVW_BATCH = 1
 MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
+MMVW_EPI_ROWS = 2        # ... of its epilogue builds (even: a rope pair is two rows of one block)
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 # A prefill's residual add(mm, x) in the GEMM (beta 1, C = the output, which takes x's bytes where x
@@ -44,7 +45,8 @@ GEMM_RESIDUAL = True
 TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM_BM, MM_BN)
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
                           "MMVW_BATCH": MMVW_BATCH,
-                          "MMVW_NORM_ROWS": MMVW_NORM_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
+                          "MMVW_NORM_ROWS": MMVW_NORM_ROWS,
+                          "MMVW_EPI_ROWS": MMVW_EPI_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
                           "MM_BN": TILE}}
 
 
@@ -339,9 +341,10 @@ def _rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
 
 def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int, int] | None:
     """(lo, n, head_dim, n_dims, neox) of a rope the epilogue can do over F32 rows [lo, lo + n)
-    of the product: a rotated pair is one block's two rows (NORMAL's adjacent rows; NEOX's i and
-    i + n_dims/2, which the kernel's mv_rows gives to one block), so lo, head_dim and n_dims are
-    even (the dims past n_dims are adjacent pairs too)."""
+    of the product: a rotated pair is two rows of one block of MMVW_EPI_ROWS (NORMAL's adjacent
+    rows; NEOX's i and i + n_dims/2, which the kernel's mv_rows gives to one block), so lo,
+    head_dim and n_dims are even (the dims past n_dims are adjacent pairs too), and with NEOX
+    multiples of the block's rows (its pair slots and their partners fill it)."""
     x, pos = srcs(rope)
     found = _rows_of(x, mm)
     p = rope.params
@@ -351,6 +354,8 @@ def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int,
     lo, n = found
     hd = x.ne[0]
     if lo % 2 or hd % 2 or p.n_dims % 2 or x.ne[2] * x.ne[3] != 1:
+        return None
+    if p.mode == ROPE_NEOX and (lo % MMVW_EPI_ROWS or hd % MMVW_EPI_ROWS or p.n_dims % MMVW_EPI_ROWS):
         return None
     return lo, n, hd, p.n_dims, int(p.mode == ROPE_NEOX)
 
@@ -397,7 +402,7 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     done = tuple(f for f in found if f is not None)
     if len(done) != len(found):
         return None
-    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_NORM_ROWS,
+    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_EPI_ROWS,
                     epi_rope, done, table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
 
 

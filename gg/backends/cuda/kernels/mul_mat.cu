@@ -18,7 +18,7 @@
 // product (a small model's) has its first weights on the way while its predecessor finishes, as
 // the quantized mat-vecs do (quant.cu mv_run). The same loads and sums in the same order: the
 // values are bit-identical either way.
-// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
+// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_EPI_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
 // host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
@@ -109,16 +109,17 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // row x, and every block computes W·(x * w) and sum(x^2) over the elements it reads anyway, then
 // scales by 1 / sqrt(mean(x^2) + eps): the rms_norm launch and its round trip through memory
 // disappear. Reading x and w (32 KB per 4096-row) for every weight row made the vector traffic
-// from L2 the limit (44 us instead of 33 for wqkv, H100), so that build takes ROWS = 2 weight
-// rows per block: each x and w element loaded serves both.
+// from L2 the limit (44 us instead of 33 for wqkv, H100), so that build takes several weight
+// rows per block (MMVW_NORM_ROWS; MMVW_EPI_ROWS with the epilogue): each x and w element loaded
+// serves all of them.
 //
 // EPI (the planner's epilogue fusion: a decode step's QKV product with the rope and the KV-cache
 // writes that read it): the rows are finished by mv_epilogue below instead of a plain store.
 //
 // Epilogue of a one-token product (all fields 8 bytes: lower.py packs it as words). Product rows
-// [lo, lo + n) are roped in heads of hd into `rope`; a rotated pair is always the block's two rows:
-// NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway, and with `neox` the block that owns pair slot
-// i < n_dims/2 of a head computes rows i and i + n_dims/2 of it instead (mv_rows), so both modes
+// [lo, lo + n) are roped in heads of hd into `rope`; a rotated pair is always two rows of one block
+// (MMVW_EPI_ROWS rows): NORMAL's (2i, 2i + 1) are adjacent rows anyway, and with `neox` the block
+// that owns pair slots i.. of a head computes rows i.. and i + n_dims/2.. of it instead (mv_rows), so both modes
 // rotate in registers with no exchange between blocks. Each scatter s is a set_rows of product rows [s.lo, s.lo + s.n), raw or
 // roped: element e goes to row idx[e / per], column e % per of s.dst (a KV cache). An index out of
 // range writes nothing and reports `code` through `err`, as rows.cu's set_rows does.
@@ -145,16 +146,21 @@ struct MvPre {
     int p, t[2];
 };
 
-// The rows (r0, r0 + dr) of the block starting at m0 (even): m0, m0 + 1 except in a NEOX rope's
-// first n_dims dims of a head, where pair slot i = c / 2 holds dims i and i + n_dims / 2 (a
-// bijection on those dims; the dims past n_dims keep their adjacent pairs).
-__device__ __forceinline__ void mv_rows(const MvEpi& e, i64 m0, i64& r0, i64& dr) {
+// The rows of the block of R (even) rows starting at m0 (a multiple of R), as epilogue.cuh's
+// epi_rows lays out a sibling block: block row rr is product row r0 + rr, plus `jump` for rr >=
+// split. NORMAL (and no rope): m0 .. m0 + R - 1, whose pairs (2i, 2i + 1) are rows rr, rr ^ 1
+// (split = R). In a NEOX rope's first n_dims dims of a head the block at column c takes pair slots
+// c/2 .. c/2 + R/2 - 1 and their partners n_dims/2 further (split = R/2): a bijection on those dims
+// when R divides head_dim and n_dims (families/matmul.py _epi_rope); the dims past n_dims keep
+// their adjacent pairs.
+__device__ __forceinline__ void mv_rows(const MvEpi& e, i64 m0, int R, i64& r0, int& split, i64& jump) {
     const i64 j = m0 - e.lo;
     if (!e.neox || !e.rope || j < 0 || j >= e.n) return;
     const int c = (int)j % (int)e.hd;  // 32-bit: a 64-bit modulo is a ~70-instruction routine
     if (c < (int)e.n_dims) {
         r0 = m0 - c + c / 2;
-        dr = e.n_dims / 2;
+        split = R / 2;
+        jump = e.n_dims / 2 - R / 2;
     }
 }
 
@@ -208,13 +214,15 @@ template <class TA, class TB, bool NORM, int ROWS, bool EPI = false, int THREADS
 __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char* a, const TDesc& ad, const char* b,
                                           const TDesc& bd, const char* r, const TDesc& rd, const char* nw = nullptr,
                                           float eps = 0.0f, const MvEpi* epi = nullptr, int early = 0) {
-    static_assert(!EPI || (NORM && ROWS == 2), "the epilogue ropes the pair of the block's two rows");
+    static_assert(!EPI || (NORM && ROWS % 2 == 0), "the epilogue ropes pairs of the block's rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of a
     __shared__ float part[ROWS + NORM][THREADS / 32];
     const i64 m0 = (i64)blockIdx.x * ROWS;
     const int nrows = ROWS == 1 ? 1 : (int)min((i64)ROWS, d.ne[0] - m0);
-    i64 r0 = m0, dr = 1;  // block row rr is product row r0 + rr * dr
-    if constexpr (EPI) mv_rows(*epi, m0, r0, dr);
+    i64 r0 = m0, jump = 0;  // block row rr is product row r0 + rr (+ jump for rr >= split)
+    int split = ROWS;
+    if constexpr (EPI) mv_rows(*epi, m0, ROWS, r0, split, jump);
+    auto row_of = [&](int rr) -> i64 { return r0 + rr + (rr >= split ? jump : 0); };
     // 32-bit index math, and none without batches: four 64-bit divisions (software, ~70
     // instructions each) ahead of the first load cost a short wave of rows 3.5 us (4096 rows).
     unsigned i2 = 0, i3 = 0, j2 = 0, j3 = 0;
@@ -225,7 +233,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         j3 = i3 / ((unsigned)bd.ne[3] / (unsigned)ad.ne[3]);
     }
     const char* arow = a + r0 * ad.nb[1] + j2 * ad.nb[2] + j3 * ad.nb[3];
-    const i64 rstep = dr * ad.nb[1];
+    const i64 jstep = jump * ad.nb[1];
     const char* brow = b + i2 * bd.nb[2] + i3 * bd.nb[3];
     const int chunks = (int)(ad.ne[0] / G);
     float acc[ROWS], ss = 0.0f;
@@ -238,7 +246,7 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
 #pragma unroll
             for (int u = 0; u < MMVW_BATCH; ++u) {
                 const int c = c0 + u * THREADS;
-                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * rstep + (i64)c * 16);
+                if (c < chunks && rr < nrows) av[rr][u] = ld16_cs(arow + rr * ad.nb[1] + (rr >= split ? jstep : 0) + (i64)c * 16);
             }
     };
     const int first = threadIdx.x;
@@ -286,13 +294,13 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
     MvPre pre;
     float res = 0.0f;  // the residual, requested before the barrier too (one round trip less at the end)
     if ((int)threadIdx.x < nrows) {
-        if constexpr (EPI) mv_epi_load(*epi, r0 + threadIdx.x * dr, pre);
-        if (r) res = *(const float*)(r + (r0 + threadIdx.x * dr) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
+        if constexpr (EPI) mv_epi_load(*epi, row_of(threadIdx.x), pre);
+        if (r) res = *(const float*)(r + row_of(threadIdx.x) * rd.nb[0] + i2 * rd.nb[2] + i3 * rd.nb[3]);
     }
     __syncthreads();
-    if ((int)threadIdx.x < nrows) {  // thread rr writes row r0 + rr * dr
+    if ((int)threadIdx.x < nrows) {  // thread rr writes row row_of(rr)
         const int rr = threadIdx.x;
-        const i64 m = r0 + rr * dr;
+        const i64 m = row_of(rr);
         float v = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int i = 0; i < THREADS / 32; ++i) {
@@ -303,11 +311,12 @@ __device__ __forceinline__ void mmvw_impl(char* dst, const TDesc& d, const char*
         if constexpr (NORM) scale = 1.0f / sqrtf(sq / (float)ad.ne[0] + eps);  // as kernels/norm.cu
         v *= scale;
         if constexpr (EPI) {  // the pair partner's sum, in the same order as its own thread's
+            const bool odd = split == ROWS ? (rr & 1) : rr >= split;
+            const int partner = split == ROWS ? rr ^ 1 : odd ? rr - split : rr + split;
             float w = 0.0f;
 #pragma unroll
-            for (int i = 0; i < THREADS / 32; ++i) w += part[rr ^ 1][i];
+            for (int i = 0; i < THREADS / 32; ++i) w += part[partner][i];
             w *= scale;
-            const bool odd = rr & 1;
             mv_epilogue(*epi, pre, dst ? dst + m * d.nb[0] : nullptr, m, v, odd ? w : v, odd ? v : w, odd);
             return;
         }
@@ -415,8 +424,8 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     extern "C" __global__ void __launch_bounds__(T)                                                       \
         NAME##_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,  \
                                    const char* nw, float eps, MvEpi epi, int early) {                     \
-        mmvw_impl<TA, float, true, MMVW_NORM_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi, \
-                                                            early);                                       \
+        mmvw_impl<TA, float, true, MMVW_EPI_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi, \
+                                                           early);                                        \
     }
 // Short rows without an epilogue (a small model's output head: 49152 rows of 576): MMVW_SHORT_ROWS
 // weight rows per block, so the x and w loads every block repeats stay well below the weights'.
