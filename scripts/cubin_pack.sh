@@ -22,8 +22,12 @@ if [ -n "$NVRTC" ]; then
     export PATH="$venv/bin:$PATH"
 fi
 arch=${1:-sm_90}; shift || true
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+if [ -n "${PACK_CACHE:-}" ]; then  # PACK_CACHE=DIR: a cache kept between runs (a rerun after an edit
+    tmp=$PACK_CACHE; mkdir -p "$tmp"   # compiles only what changed; the pack holds the stale entries too)
+else
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+fi
 GG_CACHE_DIR="$tmp" python3 -m gg kernels --arch "$arch" | tail -1
 for c in ${CONSTS:-}; do  # the kernels whose defines it changes add entries
     GG_CACHE_DIR="$tmp" python3 -c "import sys; sys.path.insert(0, 'scripts'); import plan_consts

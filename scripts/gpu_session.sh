@@ -23,7 +23,8 @@
 #                                       one, .ab/old if carried: git archive OLD gg | tar -x -C .ab/old);
 #                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
 #                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches;
-#                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS: also with those);
+#                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS="a;b": also with
+#                                       each of those; TRACE_BASE: switches every trace takes, e.g. "--n-ctx 128");
 #                                       AFTER_PREP=1: first wait (up to 4 min) for a `prep` of the same call
 #   bash scripts/gpu_session.sh prep    the twin mode in the background (files, compiled kernels), to warm up
 #                                       while the same call runs tests
@@ -136,7 +137,8 @@ twin)
                 $( [ -n "${STEPS:-}" ] || echo --total ) | tail -${STEPS:+30}${STEPS:-1})"
         done
         if [ -n "${TRACE:-}" ]; then  # TRACE=1: per-kernel durations and gaps inside the replay (scripts/trace_steps.py)
-            for flags in "" ${TRACE_FLAGS:-}; do
+            IFS=';' read -ra tflags <<< "${TRACE_FLAGS:-}"
+            for flags in "" "${tflags[@]}"; do flags="${TRACE_BASE:-} $flags"
                 python3 scripts/model_steps.py $T-$q$H.gguf --total --trace /tmp/tr.json $flags > /tmp/tr.log 2>&1
                 N=$(grep -o "[0-9]* steps" /tmp/tr.log | head -1 | cut -d' ' -f1)
                 echo "trace [$flags] $q: $(tail -1 /tmp/tr.log)"

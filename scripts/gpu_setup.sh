@@ -16,6 +16,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 rm -rf .anchors && cp -r ../shared/anchors .anchors
 rm -rf .ab/old && mkdir -p .ab/old && git archive "${1:-main}" gg | tar -x -C .ab/old
 echo "kit: $(ls .whl | tr '\n' ' '); .anchors; .ab/old = ${1:-main}"
-CONSTS=${CONSTS-"blocks.MVS_RELEASE=1 blocks.MVS_BLOCKS_SM=6 blocks.MVS_THREADS=256"} \
+CONSTS=${CONSTS-"blocks.MVS_RELEASE=1 blocks.MVS_BLOCKS_SM=6 blocks.MVS_THREADS=256"} PACK_CACHE=${PACK_CACHE-/tmp/gg-pack-cache} \
     nohup bash scripts/cubin_pack.sh sm_90 > /tmp/cubin_pack.log 2>&1 < /dev/null &
 echo "cubin pack building in the background: tail -1 /tmp/cubin_pack.log"

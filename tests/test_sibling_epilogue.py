@@ -133,14 +133,15 @@ def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode, quant_epi
 
 
 def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng, quant_epilogue):
-    """K = 576 (SmolLM2): 3 row groups of 8 share a Q4_0 block of the epilogue build, 24 rows that
-    do not divide a 64-row head: NEOX keeps its rope a step (and its products the build of 4 rows
-    a group, blocks.SIB_SMALL_ROWS), NORMAL (pairs of adjacent rows) does not."""
+    """K = 576 (SmolLM2): 3 row groups of 4 (blocks.SIB_SMALL_ROWS) share a Q4_0 block, 12 rows that
+    do not divide a 64-row head: NEOX keeps its rope a step, NORMAL (pairs of adjacent rows) takes
+    the epilogue build of the same rows."""
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NEOX, K=576, hd=64)
     assert g.plan.steps[0].choice.per == 12 and g.plan.steps[0].kernel.endswith("_small")
     assert g.plan.steps[0].ops == PRODUCTS and any(s.ops == ("rope",) for s in g.plan.steps)
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NORMAL, K=576, hd=64)
     assert g.plan.steps[0].ops == PRODUCTS + ("rope", "cpy", "cpy", "rope")
+    assert g.plan.steps[0].choice.per == 12 and g.plan.steps[0].kernel == "mul_mat_sibq_norm_epi_q4_0_f32_qx_small"
 
 
 def test_the_forms_of_issue_20_are_three_steps():
@@ -294,7 +295,8 @@ def test_matches_reference_and_the_steps_apart(rng, monkeypatch, mode, write, wd
 @cuda
 @pytest.mark.parametrize("wdt,mode,write,hd,n_dims,nh,nkv,K", [
     (gg.Q4_0, NEOX, "cpy", 128, 128, 4, 2, 1024),      # 8 rows a block: pair slots 4 at a time
-    (gg.Q4_0, NORMAL, "set_rows", 64, 64, 6, 2, 576),  # 3 row groups a block (K / 8 = 72 threads each)
+    (gg.Q4_0, NORMAL, "set_rows", 64, 64, 6, 2, 576),  # 3 row groups of 4 a block (K / 8 = 72 threads each)
+    (gg.Q4_1, NORMAL, "cpy", 64, 64, 9, 3, 576),       # SmolLM2's heads, the _small build
     (gg.Q4_1, NEOX, "set_rows", 64, 32, 4, 4, 512),    # rope of half of each head
     (gg.Q8_0, NEOX, "cpy", 64, 64, 8, 1, 512),         # 4 rows a block, MQA
     (gg.Q8_0, NORMAL, "cpy", 48, 48, 6, 3, 320),

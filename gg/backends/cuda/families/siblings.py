@@ -9,7 +9,7 @@ Groups this family runs (ops, in the Step's node order):
   [rms_norm, mul,] mul_mat, mul_mat, silu|gelu, mul the gate's product first, then up's"""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -221,7 +221,7 @@ def variants() -> list[Variant]:
                for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")
                for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES]
             + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32_qx_small")
-               for t in blocks.QX_TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
+               for t in blocks.QX_TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu", "_epi")]
             + _epi_variants())
 
 
@@ -350,10 +350,6 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
     allowed = QUANT_EPILOGUE if k.quant else k.per == 2  # siblings.cu's epilogue ropes a block's two rows
     if not allowed:
         return None
-    if k.symbol.endswith("_small"):  # the epilogue builds take the default rows a slot
-        weight = srcs(prods[0])[0]
-        k = replace(k, symbol=k.symbol.removesuffix("_small"),
-                    per=blocks.matvec_rows(weight.dtype, weight.ne[0], 1, sibling=True))
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
     tbytes = 0

@@ -1383,17 +1383,18 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
     GG_SIBQ_X(Q, S, false, MV_ACT_GELU, QX, _gelu, SUF, R)                                                        \
     GG_SIBQ_X(Q, S, true, MV_ACT_GELU, QX, _norm_gelu, SUF, R)
 // mul_mat_sibq[_norm]_epi_<t>_f32<SUF>(QSibSet, x, nw, eps, SibEpi, pdl): with the epilogue (epilogue.cuh).
-#define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF)                                                                     \
+#define GG_SIBQ_EPI(Q, S, NORM, QX, NAME, SUF, R)                                                                  \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, QUANT_SIB_BLOCKS)                               \
         mul_mat_sibq##NAME##_epi_##S##_f32##SUF(QSibSet s, const float* x, const float* nw, float eps, SibEpi epi, \
                                                 int pdl) {                                                        \
-        sibq_impl<Q, NORM, MV_ACT_NONE, QX, true>(s, x, nw, eps, pdl, &epi);                                       \
+        sibq_impl<Q, NORM, MV_ACT_NONE, QX, true, R>(s, x, nw, eps, pdl, &epi);                                    \
     }
-// Every sibling build of a type: without/with the norm, plain, SwiGLU and GeGLU, with the epilogue.
-#define GG_SIBQ_SET(Q, S, QX, SUF)                                                                                \
-    GG_SIBQ_EPI(Q, S, false, QX, , SUF)                                                                           \
-    GG_SIBQ_EPI(Q, S, true, QX, _norm, SUF)                                                                       \
-    GG_SIBQ_ACTS(Q, S, QX, SUF, MV<Q>::ROWS)
+// Every sibling build of a type and R rows a slot: without/with the norm, plain, SwiGLU and GeGLU,
+// with the epilogue.
+#define GG_SIBQ_SET(Q, S, QX, SUF, R)                                                                             \
+    GG_SIBQ_EPI(Q, S, false, QX, , SUF, R)                                                                        \
+    GG_SIBQ_EPI(Q, S, true, QX, _norm, SUF, R)                                                                    \
+    GG_SIBQ_ACTS(Q, S, QX, SUF, R)
 // mul_mat_vec1_<t>_f32<SUF>: the one-column mat-vec (QX: int8 activations).
 #define GG_QUANT_VEC1(Q, S, QX, SUF)                                                                              \
     extern "C" __global__ void __launch_bounds__(QUANT_MV_THREADS, MV<Q>::BLOCKS)                                 \
@@ -1441,16 +1442,16 @@ __device__ __forceinline__ void sibq_impl(const QSibSet& s, const float* x, cons
                                                             pdl);                                                 \
     }                                                                                                             \
     GG_QUANT_VEC1(Q, S, false, )                                                                                  \
-    GG_SIBQ_SET(Q, S, false, )
+    GG_SIBQ_SET(Q, S, false, , MV<Q>::ROWS)
 
 // The QX builds (quantized activations, __dp4a): mul_mat_vec1_<t>_f32_qx and the sibling builds
 // mul_mat_sibq*_<t>_f32_qx, for the 4-bit types (Q8_0's measured no faster: blocks.QX_TYPES), and
-// mul_mat_sibq*_<t>_f32_qx_small, QUANT_SIB_SMALL_ROWS rows a slot, for matrices too small to fill
-// the GPU with MV<Q>::ROWS (SmolLM2's; blocks.SIB_SMALL_ROWS).
+// mul_mat_sibq*_<t>_f32_qx_small (the epilogue builds too), QUANT_SIB_SMALL_ROWS rows a slot, for
+// matrices too small to fill the GPU with MV<Q>::ROWS (SmolLM2's; blocks.SIB_SMALL_ROWS).
 #define GG_QUANT_QX(Q, S)                                                                                         \
     GG_QUANT_VEC1(Q, S, true, _qx)                                                                                \
-    GG_SIBQ_SET(Q, S, true, _qx)                                                                                  \
-    GG_SIBQ_ACTS(Q, S, true, _qx_small, QUANT_SIB_SMALL_ROWS)
+    GG_SIBQ_SET(Q, S, true, _qx, MV<Q>::ROWS)                                                                     \
+    GG_SIBQ_SET(Q, S, true, _qx_small, QUANT_SIB_SMALL_ROWS)
 
 GG_QUANT_KERNELS(QQ8_0, q8_0)
 GG_QUANT_KERNELS(QQ4_0, q4_0)
