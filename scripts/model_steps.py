@@ -8,6 +8,7 @@ its cost on the critical path, boundaries included; timing only, results are non
         [--fa-threads N] [--fa-chunk N] [--fa-short N] [--fa-short-blocks N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N] [--const FAMILY.NAME=N]   (A/B switches of the plan)
         [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
+        [--trace-decode N]   (N tokens of decode_greedy profiled: the GPU timeline between replays)
 """
 from __future__ import annotations
 
@@ -75,6 +76,44 @@ def _token_loop(m, n: int, replay: float) -> None:
     print(f"token loop: {us:.1f} us a token ({1e6 / us:.0f} tokens/s), {us - replay:.1f} us beyond the replay")
 
 
+def _trace_decode(m, n: int, steps: int) -> None:
+    """n tokens of decode_greedy under PyTorch's profiler: per token, the GPU timeline between one
+    replay's last kernel and the next one's first (the input uploads, the token readback and the
+    graph launch) against the replay's own span, and the copies it holds."""
+    from torch.profiler import ProfilerActivity, profile
+    m.cache.clear()
+    for _ in m.decode_greedy(1, n):
+        pass
+    m.cache.clear()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in m.decode_greedy(1, n):
+            pass
+    import json
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = [e for e in json.load(open(f.name))["traceEvents"] if e.get("ph") == "X"]
+    ks = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") == "kernel")
+    cs = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                if e.get("cat") == "gpu_memcpy")
+    if len(ks) % n or len(ks) < 3 * n:
+        print(f"decode trace: {len(ks)} kernels recorded for {n} tokens ({steps} steps a token)")
+        return
+    steps = len(ks) // n  # kernels a token
+    reps = [ks[i * steps:(i + 1) * steps] for i in range(len(ks) // steps)][1:-1]  # whole tokens, not the ends
+    span = [r[-1][1] - r[0][0] for r in reps]
+    between = [b[0][0] - a[-1][1] for a, b in zip(reps, reps[1:])]
+    lo, hi = reps[0][0][0], reps[-1][-1][1]
+    inside = [c for c in cs if lo <= c[0] <= hi]
+    med = sorted(span)[len(span) // 2]
+    gap = sorted(between)[len(between) // 2]
+    cdur = sum(c[1] - c[0] for c in inside) / max(1, len(reps))
+    names = sorted({c[2] for c in inside})
+    print(f"decode trace: {len(reps)} tokens: replay span median {med:.1f} us, between replays median {gap:.1f} us "
+          f"(min {min(between):.1f}, max {max(between):.1f}); {len(inside) / max(1, len(reps)):.1f} copies a token, "
+          f"{cdur:.1f} us of copy time a token ({', '.join(names)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -120,6 +159,8 @@ def main() -> None:
                     help="any integer constant of a CUDA family module (matmul, blocks, siblings, attention, "
                          "reduce) or of launch, and its NVRTC define of the same name, e.g. matmul.MMVW_NORM_ROWS=4")
     ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
+    ap.add_argument("--trace-decode", type=int, default=0, metavar="N",
+                    help="N tokens of decode_greedy profiled: the GPU time between replays and its copies")
     a = ap.parse_args()
     from gg.backends.cuda.families import blocks, siblings
     if a.no_pdl:
@@ -201,6 +242,8 @@ def main() -> None:
         _token_loop(m, a.decode, full)
     if a.trace:
         _trace(rt, steps, mem, a.trace)
+    if a.trace_decode:
+        _trace_decode(m, a.trace_decode, len(steps))
     if a.total:
         return
     print(f"{'#':>3}  {'ops':48} {'kernel':40} {'alone us':>9} {'+1 copy us':>11}")
