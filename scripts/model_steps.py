@@ -165,8 +165,9 @@ def main() -> None:
     from gg.backends.cuda.families import blocks, siblings
     if a.no_pdl:
         os.environ["GG_NO_PDL"] = "1"
-    if a.no_epilogue:
-        siblings.EPILOGUE_OPS = ()
+    if a.no_epilogue:  # both kinds: the sibling steps' and the normalizing mat-vec's (a stacked QKV)
+        from gg.backends.cuda.families import matmul as _mm
+        siblings.EPILOGUE_OPS = _mm.EPILOGUE_OPS = ()
     if a.argmax_cluster is not None:
         from gg.backends.cuda.families import reduce
         reduce.CLUSTER = a.argmax_cluster

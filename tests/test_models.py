@@ -393,3 +393,25 @@ def test_cuda_plans_compute_the_cpu_values(tmp_path, rng, arch, quant, dims):
     assert steps[1] < steps[0]  # the CUDA plan fuses
     for a, b in zip(*got):
         assert model_ref.nmse(b, a) <= 1e-10
+
+
+def test_attention_after_the_qkv_epilogue_combines_without_a_cluster(tmp_path, rng, monkeypatch):
+    """SmolLM2's heads: a flash step right after the QKV step that ropes and writes the cache
+    (the epilogue) takes the ticket combine, one after plain set_rows steps keeps the cluster
+    (attention.after; planned for CUDA, no GPU needed)."""
+    from gg.backends.cuda.families import attention, matmul, siblings
+    path, _, _ = make_model(tmp_path, rng, quant=False, n_embd=576, n_head=9, n_head_kv=3, n_ff=256)
+
+    def flash_after():
+        steps = load(path, backends=("cuda", "cpu"), n_ctx=128, progress=False)._decoder("argmax").graph.plan.steps
+        return [(steps[i - 1].choice, s.choice) for i, s in enumerate(steps) if s.kernel.startswith("flash_attn")]
+
+    pairs = flash_after()
+    assert len(pairs) == 2 and all(p.epilogue and k.fused and k.cluster == 0 for p, k in pairs), pairs
+    monkeypatch.setattr(attention, "CLUSTER_AFTER_EPILOGUE", True)
+    assert all(k.cluster == 128 // k.chunk for _, k in flash_after())
+    monkeypatch.setattr(attention, "CLUSTER_AFTER_EPILOGUE", False)
+    monkeypatch.setattr(siblings, "EPILOGUE_OPS", ())
+    monkeypatch.setattr(matmul, "EPILOGUE_OPS", ())
+    pairs = flash_after()
+    assert all(not p.epilogue and k.cluster == 128 // k.chunk for p, k in pairs), pairs

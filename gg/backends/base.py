@@ -75,6 +75,10 @@ class Backend(Protocol):
     def patterns(self) -> Patterns:
         """The fused groups this backend can run (see Patterns)."""
 
+    # Optional: `after(prev, choice) -> KernelChoice`, the choice for a step given the choice of
+    # the step right before it on the same backend (a launch that starts under its predecessor's
+    # tail); the planner asks once, after every fusion, and stores the answer (planner.py).
+
     def alloc(self, nbytes: int) -> Any:
         """A buffer (gg.buffer protocol: backend, nbytes, read, write) of at least nbytes."""
 

@@ -2,6 +2,7 @@
 legal) -> allocate. Never touches a device."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..backends import base
@@ -16,6 +17,20 @@ from .siblings import fuse_siblings
 
 if TYPE_CHECKING:
     from .graph import Graph
+
+
+def _after_neighbours(steps: list) -> list:
+    """Each step's choice as its backend would make it right after the step before (Backend.after,
+    where a backend has it): stored on the step, so lowering still only executes it."""
+    out = list(steps)
+    for i in range(1, len(out)):
+        prev, s = out[i - 1], out[i]
+        after = getattr(base.get(s.backend), "after", None) if s.backend == prev.backend else None
+        if after is not None and s.choice is not None:
+            new = after(prev.choice, s.choice)
+            if new is not s.choice:
+                out[i] = replace(s, choice=new)
+    return out
 
 
 def make_plan(graph: Graph) -> Plan:
@@ -33,6 +48,7 @@ def make_plan(graph: Graph) -> Plan:
     steps = insert(steps, where)
     if graph.fuse:
         steps = fold_casts(steps, kept)
+    steps = _after_neighbours(steps)
     leaf_homes = {t: b for t, b in where.items() if t.op is None}
     return Plan(steps, allocate(steps, kept, guard=guard_bytes()), tuple(priority), list(graph.outputs),
                 kept=frozenset(t.root for t in kept if t.root.op is not None), leaf_homes=leaf_homes,

@@ -69,6 +69,9 @@ class CUDABackend:
     def choose(self, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs=None) -> families.Kernel | None:
         return families.choose(tuple(ops), nodes, srcs or families.node_srcs)
 
+    def after(self, prev: families.Kernel | None, choice: families.Kernel) -> families.Kernel:
+        return families.after(prev, choice)
+
     def patterns(self) -> base.Patterns:
         return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS)
 

@@ -61,6 +61,12 @@ def lower(rt, step, index: int) -> list:
     return f.lower(rt, step, step.choice, what)
 
 
+def after(prev: Kernel | None, k: Kernel) -> Kernel:
+    """k as it launches right after prev (CUDABackend.after): only the attention's combine depends
+    on it today."""
+    return attention.after(prev, k)
+
+
 def variants() -> list[Variant]:
     return [v for f in FAMILIES + SHARED for v in f.variants()]
 

@@ -6,7 +6,7 @@ contiguous) or position-major like K (`transpose` of a (hd, n_ctx, heads) cache:
 contiguous); the layout is decided here, at plan time (`FlashKernel.v_pos`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import Sequence
 
@@ -48,6 +48,13 @@ MAX_CLUSTER = 8           # the portable cluster size (kernels/attn.cu FA_CLUSTE
 # each head group's blocks as one cluster, which combines in shared memory (kernels/attn.cu
 # flash_cluster_finish) instead of through the workspace, a fence and a ticket; 0: never
 CLUSTER_MAX = 8
+# ... but not right after a step with the rope / cache-write epilogue (common.Kernel.epilogue):
+# launched under that step's tail (PDL), a cluster waits for a whole GPC's worth of free slots
+# while its many blocks finish, where single blocks start in any free slot. H200, SmolLM2-dims
+# F16 twin (n_ctx 128): the flash started 0.9 us before the QKV step's end with the cluster, 2.5
+# us with the ticket; the token loop 551.1 against 522.6 us. After plain set_rows steps (the
+# quantized models) the cluster wins: SmolLM2 Q4_1 593.3 against 619.7 (docs/performance.md).
+CLUSTER_AFTER_EPILOGUE = False
 EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
 BLOCKS_PER_SM = 4
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
@@ -170,6 +177,14 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
     most = -(-n_kv // fits[-1])  # the workspace for the smallest chunk the device may pick
     return FlashKernel("attn.cu", f"flash_attn_{k.dtype.name}_h1", False, 1, 0, v_pos,
                        scratch=4 * rows * most * (2 + hd) + O_ALIGN)
+
+
+def after(prev, k):
+    """k as it launches right after prev: the ticket combine where a cluster would start late
+    (CLUSTER_AFTER_EPILOGUE)."""
+    if isinstance(k, FlashKernel) and k.cluster and getattr(prev, "epilogue", False) and not CLUSTER_AFTER_EPILOGUE:
+        return replace(k, cluster=0)
+    return k
 
 
 def lower(rt, step, kern: FlashKernel, what: str) -> list:

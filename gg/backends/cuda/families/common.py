@@ -11,7 +11,7 @@ and optionally `PATTERNS` (fused groups it declares), `EPILOGUE_OPS`, `src_dtype
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence, cast
 
 from ....dtypes import BF16, F16, F32, I32, DType
 from ....tensor import Tensor
@@ -48,6 +48,9 @@ class Kernel:
 
     file: str
     symbol: str
+    # the step writes rows of K/V caches from its own products (a QKV step with the rope / cache
+    # write epilogue): its blocks hold the SMs right up to the attention that reads them
+    epilogue: ClassVar[bool] = False
     scratch: int = field(default=0, kw_only=True)
     table: int = field(default=0, kw_only=True)
     overwrites_residual: bool = field(default=False, kw_only=True)

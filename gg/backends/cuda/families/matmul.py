@@ -9,7 +9,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from ....dtypes import F16, F32, I32, DType
 from ....ops.rope import ROPE_NEOX, ROPE_NORMAL
@@ -34,8 +34,12 @@ MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 # 16-byte loads of a row a thread of it issues before using them: with the first load issued before
 # the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
 MMVW_BATCH = 1
-MMVW_NORM_ROWS = 2       # weight rows per block of the normalizing mat-vec
-MMVW_EPI_ROWS = 2        # ... of its epilogue builds (even: a rope pair is two rows of one block)
+# weight rows per block of the normalizing mat-vec, and of its epilogue builds (even: a rope pair is
+# two rows of one block): each block re-reads x and the norm weight, so more rows a block read less
+# of them (H200 token loops, n_ctx 128, 4-layer 8B-dims F16 twin: 670.7 us with 2 and 2, EPI_ROWS
+# 8 662.1, NORM_ROWS 4 664.6; docs/performance.md, twentieth session)
+MMVW_NORM_ROWS = 4
+MMVW_EPI_ROWS = 8
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 # A prefill's residual add(mm, x) in the GEMM (beta 1, C = the output, which takes x's bytes where x
@@ -76,6 +80,7 @@ class Epilogue(NormMatVec):
 
     rope: tuple[int, int, int, int, int] | None
     scatters: tuple[tuple[int, int, int, int, int], ...]
+    epilogue: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Groups this family runs (ops, in the Step's node order):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -252,6 +252,7 @@ class SibEpilogue(Siblings):
 
     ropes: tuple[tuple[int, ...], ...] = ()
     writes: tuple[tuple[int, ...], ...] = ()
+    epilogue: ClassVar[bool] = True
 
 
 def _epi_cut(ops: tuple[str, ...]) -> int | None:
