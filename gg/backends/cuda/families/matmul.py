@@ -35,11 +35,13 @@ MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 # the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
 MMVW_BATCH = 1
 # weight rows per block of the normalizing mat-vec, and of its epilogue builds (even: a rope pair is
-# two rows of one block): each block re-reads x and the norm weight, so more rows a block read less
-# of them (H200 token loops, n_ctx 128, 4-layer 8B-dims F16 twin: 670.7 us with 2 and 2, EPI_ROWS
-# 8 662.1, NORM_ROWS 4 664.6; docs/performance.md, twentieth session)
-MMVW_NORM_ROWS = 4
-MMVW_EPI_ROWS = 8
+# two rows of one block). Each block re-reads x and the norm weight: on the H200 the 8B-dims F16
+# twin's token loop (n_ctx 128) took 674.1 us with 2 and 2, 664.6 with EPI_ROWS 8 and NORM_ROWS 4,
+# but the SmolLM2-dims one 522.9 against 531.0 (its narrow 64-thread builds lose blocks), and the
+# 8-row epilogue's values have not been checked on a GPU (4 rows have): 2 and 2 until one define
+# per build width is measured (docs/performance.md, twentieth session)
+MMVW_NORM_ROWS = 2
+MMVW_EPI_ROWS = 2
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 # A prefill's residual add(mm, x) in the GEMM (beta 1, C = the output, which takes x's bytes where x
