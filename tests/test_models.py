@@ -397,17 +397,22 @@ def test_cuda_plans_compute_the_cpu_values(tmp_path, rng, arch, quant, dims):
 
 def test_attention_after_the_qkv_epilogue_combines_without_a_cluster(tmp_path, rng, monkeypatch):
     """SmolLM2's heads: a flash step right after the QKV step that ropes and writes the cache
-    (the epilogue) takes the ticket combine, one after plain set_rows steps keeps the cluster
-    (attention.after; planned for CUDA, no GPU needed)."""
+    (the epilogue) in narrow blocks takes the ticket combine; one after plain set_rows steps, or
+    after a wide QKV step (n_embd 2048: 256 threads a block), keeps the cluster (attention.after;
+    planned for CUDA, no GPU needed)."""
     from gg.backends.cuda.families import attention, matmul, siblings
     path, _, _ = make_model(tmp_path, rng, quant=False, n_embd=576, n_head=9, n_head_kv=3, n_ff=256)
+    (tmp_path / "wide").mkdir()
+    wide, _, _ = make_model(tmp_path / "wide", rng, quant=False, n_embd=2048, n_head=16, n_head_kv=4, n_ff=256)
 
-    def flash_after():
+    def flash_after(path=path):
         steps = load(path, backends=("cuda", "cpu"), n_ctx=128, progress=False)._decoder("argmax").graph.plan.steps
         return [(steps[i - 1].choice, s.choice) for i, s in enumerate(steps) if s.kernel.startswith("flash_attn")]
 
     pairs = flash_after()
     assert len(pairs) == 2 and all(p.epilogue and k.fused and k.cluster == 0 for p, k in pairs), pairs
+    pairs = flash_after(wide)
+    assert all(p.epilogue and p.threads == 256 and k.cluster == 128 // k.chunk for p, k in pairs), pairs
     monkeypatch.setattr(attention, "CLUSTER_AFTER_EPILOGUE", True)
     assert all(k.cluster == 128 // k.chunk for _, k in flash_after())
     monkeypatch.setattr(attention, "CLUSTER_AFTER_EPILOGUE", False)

@@ -48,13 +48,16 @@ MAX_CLUSTER = 8           # the portable cluster size (kernels/attn.cu FA_CLUSTE
 # each head group's blocks as one cluster, which combines in shared memory (kernels/attn.cu
 # flash_cluster_finish) instead of through the workspace, a fence and a ticket; 0: never
 CLUSTER_MAX = 8
-# ... but not right after a step with the rope / cache-write epilogue (common.Kernel.epilogue):
-# launched under that step's tail (PDL), a cluster waits for a whole GPC's worth of free slots
-# while its many blocks finish, where single blocks start in any free slot. H200, SmolLM2-dims
-# F16 twin (n_ctx 128): the flash started 0.9 us before the QKV step's end with the cluster, 2.5
-# us with the ticket; the token loop 551.1 against 522.6 us. After plain set_rows steps (the
-# quantized models) the cluster wins: SmolLM2 Q4_1 593.3 against 619.7 (docs/performance.md).
+# ... but not right after a narrow step (fewer than NARROW threads a block) with the rope /
+# cache-write epilogue (common.Kernel.epilogue): launched under that step's tail (PDL), a cluster
+# waits for a GPC's worth of free slots while the step's many small blocks finish, where single
+# blocks start in any free slot. H200, n_ctx 128 token loops: SmolLM2-dims F16 (its 576-wide QKV
+# step in 64-thread blocks) 551.1 us with the cluster, 522.6 with the ticket (the flash started
+# 0.9 / 2.5 us before the QKV step's end); the 8B-dims F16 twin (256 threads) was level or faster
+# with the cluster (680.4 / 682.0; 656.5 / 664.8 with 8 rows a block), and after plain set_rows
+# steps (the quantized models) the cluster wins: SmolLM2 Q4_1 593.3 / 619.7 (docs/performance.md).
 CLUSTER_AFTER_EPILOGUE = False
+NARROW = 256
 EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
 BLOCKS_PER_SM = 4
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
@@ -182,7 +185,8 @@ def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs
 def after(prev, k):
     """k as it launches right after prev: the ticket combine where a cluster would start late
     (CLUSTER_AFTER_EPILOGUE)."""
-    if isinstance(k, FlashKernel) and k.cluster and getattr(prev, "epilogue", False) and not CLUSTER_AFTER_EPILOGUE:
+    late = getattr(prev, "epilogue", False) and getattr(prev, "threads", NARROW) < NARROW
+    if isinstance(k, FlashKernel) and k.cluster and late and not CLUSTER_AFTER_EPILOGUE:
         return replace(k, cluster=0)
     return k
 
