@@ -234,7 +234,10 @@ EPILOGUE_OPS = ("rope", "cpy", "set_rows")
 # Block-quantized weights take the epilogue too (mul_mat_sibq_*_epi_*: tested, bit-equal to the
 # steps apart), but the planner leaves it off: on the H100 a 4-layer llama-3-8B-dims Q4_0 decode
 # token replayed in 575.6 us with it against 544.8 us with the rope and the two writes as steps of
-# their own (29 vs 41 steps; the per-step costs said the opposite: docs/performance.md).
+# their own (29 vs 41 steps; the per-step costs said the opposite: docs/performance.md). H200,
+# SmolLM2-dims Q4_1 token loop (n_ctx 128) with the epilogue on the _small builds too: 604.0 us
+# against 593.3 (the QKV step grows by 2.8 us, its epilogue's dependent loads after the sums,
+# more than the three launches it saves).
 QUANT_EPILOGUE = False
 EPI_ROPES = _EPI_DEFINES["SIB_ROPES"]    # q and k
 EPI_WRITES = _EPI_DEFINES["SIB_WRITES"]  # K and V
