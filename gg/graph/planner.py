@@ -1,5 +1,6 @@
 """The planner: assign -> fuse -> insert copies/casts (folding casts into their producer where
-legal) -> allocate. Never touches a device."""
+legal) -> each choice next to the step before it (Backend.after) -> allocate. Never touches a
+device."""
 from __future__ import annotations
 
 from dataclasses import replace
