@@ -68,7 +68,7 @@ def test_wide_matvec_normalizes_its_input(rng, launches, k, adt):
     to the reference and to the unfused steps."""
     ctx = gg.Context()
     x, w = ctx.tensor(rand(rng, 1, k) * 3.0), ctx.tensor(rand(rng, k))
-    wm = ctx.tensor(rand(rng, 301, k), dtype=adt)  # 301 rows: a last block of 5 (8 per block) or 1 (2)
+    wm = ctx.tensor(rand(rng, 301, k), dtype=adt)  # 301 rows: a last block of 5 (8 per block) or 1 (2 or 4)
     y = gg.mul_mat(wm, gg.mul(gg.rms_norm(x, 1e-5), w))
     g = gg.build_forward(y, backends=("cuda",))
     g.compute()

@@ -34,13 +34,14 @@ MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 # 16-byte loads of a row a thread of it issues before using them: with the first load issued before
 # the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
 MMVW_BATCH = 1
-# weight rows per block of the normalizing mat-vec, and of its epilogue builds (even: a rope pair is
-# two rows of one block). Each block re-reads x and the norm weight: on the H200 the 8B-dims F16
-# twin's token loop (n_ctx 128) took 674.1 us with 2 and 2, 664.6 with EPI_ROWS 8 and NORM_ROWS 4,
-# but the SmolLM2-dims one 522.9 against 531.0 (its narrow 64-thread builds lose blocks), and the
-# 8-row epilogue's values have not been checked on a GPU (4 rows have): 2 and 2 until one define
-# per build width is measured (docs/performance.md, twentieth session)
-MMVW_NORM_ROWS = 2
+# weight rows per block of the normalizing mat-vec (its MMVW_THREADS build: narrow ones take
+# MMVW_SHORT_ROWS) and of its epilogue builds (every width; even: a rope pair is two rows of one
+# block). Each block re-reads x and the norm weight. H200 token loops, n_ctx 128, 8B-dims F16 twin:
+# 670.7 us with 2 and 2, NORM_ROWS 4 (the head) 664.6, EPI_ROWS 8 662.1; but EPI_ROWS 8 made the
+# SmolLM2-dims token slower (531.0 against 522.9: its narrow 64-thread QKV builds lose blocks) and
+# its values have not been checked on a GPU (4 rows have): 2 until one define per build width is
+# measured (docs/performance.md, twentieth session)
+MMVW_NORM_ROWS = 4
 MMVW_EPI_ROWS = 2
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
