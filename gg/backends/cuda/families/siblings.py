@@ -221,7 +221,7 @@ def variants() -> list[Variant]:
                for t in blocks.TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")
                for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES]
             + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32_qx_small")
-               for t in blocks.QX_TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu", "_epi")]
+               for t in blocks.QX_TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
             + _epi_variants())
 
 
@@ -397,4 +397,4 @@ def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
 def _epi_variants() -> list[Variant]:
     return ([Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32") for a in FLOAT_NAMES for norm in ("", "_norm")]
             + [Variant("quant.cu", f"mul_mat_sibq{norm}_epi_{t.name}_f32{qx}") for t in blocks.TYPES
-               for norm in ("", "_norm") for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES])
+               for norm in ("", "_norm") for qx in ("", "_qx", "_qx_small") if not qx or t in blocks.QX_TYPES])
