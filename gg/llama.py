@@ -265,7 +265,7 @@ class Batch:
         self.v_idx: Tensor | None = None
         if n_past is None:  # indexed: everything that depends on the position is an input
             self.n_kv = cfg.n_ctx
-            self.k_idx = ctx.new_tensor(I32, (T,), name="inp_k_idx")
+            self.k_idx = self.pos  # token t's K row is its position: one upload less a step
             self.v_idx = ctx.new_tensor(I32, (T * cfg.n_embd_gqa,), name="inp_v_idx")
         else:
             self.n_kv = n_past + T
@@ -305,9 +305,8 @@ class Batch:
             if self._cols is None:
                 self._cols = np.arange(self.n_kv, dtype=np.int32)
             _set(self.mask, np.where(self._cols[None, :] <= rows[:, None], np.float32(0), np.float32(-np.inf)))
-        if self.is_indexed:
-            assert self.k_idx is not None and self.v_idx is not None  # made for indexed batches
-            _set(self.k_idx, rows)
+        if self.is_indexed:  # k_idx is pos, set above
+            assert self.v_idx is not None  # made for indexed batches
             # V is transposed: value e of token t lives at element e * n_ctx + row_t of the cache.
             if self._v_base is None:
                 self._v_base = np.arange(E, dtype=np.int32) * np.int32(n_ctx)

@@ -156,29 +156,45 @@ def _no_epilogues(monkeypatch) -> None:
     (gg.BF16, gg.F16, gg.F16, 64, 264, 0, 3, 0, False),
 ])
 def test_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first):
+    _epi_rows(monkeypatch, 2)  # every layout at 2 rows a block (any even lo, head_dim, n_dims)
     _fused_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first)
 
 
 def _epi_rows(monkeypatch, rows: int) -> None:
-    """The epilogue builds with `rows` weight rows a block (the kernel's define too)."""
-    monkeypatch.setattr(matmul, "MMVW_EPI_ROWS", rows)
-    monkeypatch.setitem(matmul.DEFINES["mul_mat.cu"], "MMVW_EPI_ROWS", rows)
+    """Every epilogue build (wide and narrow) with `rows` weight rows a block (the kernel's defines too)."""
+    for name in ("MMVW_EPI_ROWS", "MMVW_EPI_NARROW_ROWS"):
+        monkeypatch.setattr(matmul, name, rows)
+        monkeypatch.setitem(matmul.DEFINES["mul_mat.cu"], name, rows)
+
+
+@pytest.mark.parametrize("n,wide", [(2048, True), (576, False)])
+def test_epilogue_rows_follow_the_build_width(rng, n, wide):
+    """The wide (MMVW_THREADS) epilogue build takes MMVW_EPI_ROWS rows a block, the narrow ones
+    (a small model's 576-wide QKV) MMVW_EPI_NARROW_ROWS, NEOX too where those rows divide it."""
+    for mode in (gg.ROPE_NORMAL, NEOX):
+        outs, _ = _qkv(gg.Context(), rng, n=n, mode=mode)
+        first = gg.build_forward(*outs, backends=("cuda", "cpu")).plan.steps[0]
+        assert first.ops == EPI
+        assert (first.choice.threads == matmul.MMVW_THREADS) is wide
+        assert first.choice.rows == (matmul.MMVW_EPI_ROWS if wide else matmul.MMVW_EPI_NARROW_ROWS)
 
 
 @cuda
+@pytest.mark.parametrize("rows", [4, 8])
 @pytest.mark.parametrize("wdt,kdt,vdt,n_dims,n,mode,pos,lo,w_first", [
     (gg.F16, gg.F16, gg.BF16, 64, 2048, 0, 13, 2, False),     # NORMAL pairs at a block's rows 2, 3
-    (gg.F16, gg.F16, gg.BF16, 64, 2048, NEOX, 13, 0, False),  # two pair slots and their partners
-    (gg.F32, gg.F32, gg.F16, 32, 1032, NEOX, 777, 4, True),   # NEOX over half a head
+    (gg.F16, gg.F16, gg.BF16, 64, 2048, NEOX, 13, 0, False),  # pair slots and their partners
+    (gg.F32, gg.F32, gg.F16, 32, 1032, NEOX, 777, 8, True),   # NEOX over half a head
     (gg.BF16, gg.F16, gg.F16, 64, 576, NEOX, 100, 0, False),  # a narrow build
 ])
-def test_four_rows_a_block_match_the_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n,
-                                                                  mode, pos, lo, w_first):
-    """MMVW_EPI_ROWS = 4: a block holds two rope pairs (NEOX: pair slots c/2, c/2 + 1 of a head and
-    their partners n_dims/2 further, as the sibling epilogue lays its blocks out)."""
-    _epi_rows(monkeypatch, 4)
+def test_more_rows_a_block_match_the_reference_and_the_steps_apart(rng, monkeypatch, rows, wdt, kdt, vdt, n_dims,
+                                                                  n, mode, pos, lo, w_first):
+    """4 or 8 rows a block (8: the wide build's default): a block holds several rope pairs (NEOX:
+    pair slots c/2 .. c/2 + rows/2 - 1 of a head and their partners n_dims/2 further, as the
+    sibling epilogue lays its blocks out)."""
+    _epi_rows(monkeypatch, rows)
     _fused_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, kdt, vdt, n_dims, n, mode, pos, lo, w_first,
-                                                 rows=4)
+                                                 rows=rows)
 
 
 @pytest.mark.parametrize("n_dims,lo,fused", [(64, 0, True), (6, 0, False), (64, 2, False)])
@@ -273,6 +289,6 @@ def test_profile_bytes_count_the_rows_written_not_the_cache():
     from gg.graph.profile import step_bytes
     plan, _ = _decode_plan()
     n, f32, f16 = WIDE["n_embd"], 4, 2
-    reads = 3 * n * n * f16 + 2 * n * f32 + 4 + 4 + n * 4  # wqkv, x, norm w, pos, K row, V rows
+    reads = 3 * n * n * f16 + 2 * n * f32 + 4 + n * 4  # wqkv, x, norm w, pos (the K row too), V rows
     writes = 2 * n * f32 + n * f16 + n * f16                # q and k roped, the K row, V's elements
     assert step_bytes(plan.steps[0]) == reads + writes

@@ -35,14 +35,15 @@ MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 # the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
 MMVW_BATCH = 1
 # weight rows per block of the normalizing mat-vec (its MMVW_THREADS build: narrow ones take
-# MMVW_SHORT_ROWS) and of its epilogue builds (every width; even: a rope pair is two rows of one
-# block). Each block re-reads x and the norm weight. H200 token loops, n_ctx 128, 8B-dims F16 twin:
-# 670.7 us with 2 and 2, NORM_ROWS 4 (the head) 664.6, EPI_ROWS 8 662.1; but EPI_ROWS 8 made the
-# SmolLM2-dims token slower (531.0 against 522.9: its narrow 64-thread QKV builds lose blocks) and
-# its values have not been checked on a GPU (4 rows have): 2 until one define per build width is
-# measured (docs/performance.md, twentieth session)
+# MMVW_SHORT_ROWS) and of its epilogue builds (even: a rope pair is two rows of one block; the
+# MMVW_THREADS build takes MMVW_EPI_ROWS, the narrower ones MMVW_EPI_NARROW_ROWS). Each block
+# re-reads x and the norm weight. H200 token loops, n_ctx 128, 8B-dims F16 twin: 670.7 us with 2
+# and 2, NORM_ROWS 4 (the head) 664.6, EPI_ROWS 8 662.1; but 8 rows in the narrow builds made the
+# SmolLM2-dims token slower (531.0 against 522.9: its 64-thread QKV step loses three quarters of
+# its blocks), so those keep 2 (docs/performance.md, twentieth and twenty-first sessions)
 MMVW_NORM_ROWS = 4
-MMVW_EPI_ROWS = 2
+MMVW_EPI_ROWS = 8
+MMVW_EPI_NARROW_ROWS = 2
 MMVW_SHORT_ROWS = 8      # ... of its narrow builds without an epilogue (the x and w loads every block repeats)
 CUBLAS_MIN_FLOPS = 2 * 64 * 64 * 64  # below this a GEMM is not worth a cuBLAS call
 # A prefill's residual add(mm, x) in the GEMM (beta 1, C = the output, which takes x's bytes where x
@@ -53,7 +54,8 @@ TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
                           "MMVW_BATCH": MMVW_BATCH,
                           "MMVW_NORM_ROWS": MMVW_NORM_ROWS,
-                          "MMVW_EPI_ROWS": MMVW_EPI_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
+                          "MMVW_EPI_ROWS": MMVW_EPI_ROWS,
+                          "MMVW_EPI_NARROW_ROWS": MMVW_EPI_NARROW_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
                           "MM_BN": TILE}}
 
 
@@ -347,9 +349,14 @@ def _rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
     return t.view_offs // t.dtype.size, t.nelements
 
 
-def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int, int] | None:
+def epi_rows(threads: int) -> int:
+    """Weight rows a block of the epilogue build of `threads` threads takes."""
+    return MMVW_EPI_ROWS if threads >= MMVW_THREADS else MMVW_EPI_NARROW_ROWS
+
+
+def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs, rows: int) -> tuple[int, int, int, int, int] | None:
     """(lo, n, head_dim, n_dims, neox) of a rope the epilogue can do over F32 rows [lo, lo + n)
-    of the product: a rotated pair is two rows of one block of MMVW_EPI_ROWS (NORMAL's adjacent
+    of the product: a rotated pair is two rows of one block of `rows` (NORMAL's adjacent
     rows; NEOX's i and i + n_dims/2, which the kernel's mv_rows gives to one block), so lo,
     head_dim and n_dims are even (the dims past n_dims are adjacent pairs too), and with NEOX
     multiples of the block's rows (its pair slots and their partners fill it)."""
@@ -363,7 +370,7 @@ def _epi_rope(mm: Tensor, rope: Tensor, srcs: Srcs) -> tuple[int, int, int, int,
     hd = x.ne[0]
     if lo % 2 or hd % 2 or p.n_dims % 2 or x.ne[2] * x.ne[3] != 1:
         return None
-    if p.mode == ROPE_NEOX and (lo % MMVW_EPI_ROWS or hd % MMVW_EPI_ROWS or p.n_dims % MMVW_EPI_ROWS):
+    if p.mode == ROPE_NEOX and (lo % rows or hd % rows or p.n_dims % rows):
         return None
     return lo, n, hd, p.n_dims, int(p.mode == ROPE_NEOX)
 
@@ -403,14 +410,14 @@ def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
             or mm.ne[1:] != (1, 1, 1)):
         return None
     rope = ropes[0] if ropes else None
-    epi_rope = _epi_rope(mm, rope, srcs) if rope is not None else None
+    epi_rope = _epi_rope(mm, rope, srcs, epi_rows(threads)) if rope is not None else None
     if rope is not None and epi_rope is None:
         return None
     found = [_epi_scatter(mm, rope, epi_rope[0] if epi_rope else 0, s, srcs) for s in scatters]
     done = tuple(f for f in found if f is not None)
     if len(done) != len(found):
         return None
-    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, MMVW_EPI_ROWS,
+    return Epilogue("mul_mat.cu", norm_symbol(threads, f"_epi_{a.dtype.name}_f32"), threads, epi_rows(threads),
                     epi_rope, done, table=rope_family.table_bytes(rope.params.n_dims) if rope is not None else 0)
 
 

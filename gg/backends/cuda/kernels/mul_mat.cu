@@ -18,7 +18,7 @@
 // product (a small model's) has its first weights on the way while its predecessor finishes, as
 // the quantized mat-vecs do (quant.cu mv_run). The same loads and sums in the same order: the
 // values are bit-identical either way.
-// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_EPI_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
+// MMV_NMAX, MMV_BATCH, MMVW_THREADS, MMVW_BATCH, MMVW_NORM_ROWS, MMVW_EPI_ROWS, MMVW_EPI_NARROW_ROWS, MMVW_SHORT_ROWS, MV_SCATTERS, MM_BM and MM_BN come from the
 // host (families/matmul.py, as -D).
 
 template <class TA, class TB, int NMAX, int BATCH>
@@ -110,7 +110,7 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 // scales by 1 / sqrt(mean(x^2) + eps): the rms_norm launch and its round trip through memory
 // disappear. Reading x and w (32 KB per 4096-row) for every weight row made the vector traffic
 // from L2 the limit (44 us instead of 33 for wqkv, H100), so that build takes several weight
-// rows per block (MMVW_NORM_ROWS; MMVW_EPI_ROWS with the epilogue): each x and w element loaded
+// rows per block (MMVW_NORM_ROWS; MMVW_EPI_ROWS / _NARROW_ROWS with the epilogue): each x and w element loaded
 // serves all of them.
 //
 // EPI (the planner's epilogue fusion: a decode step's QKV product with the rope and the KV-cache
@@ -118,7 +118,7 @@ __device__ __forceinline__ void mmv_impl(char* dst, const TDesc& d, const char* 
 //
 // Epilogue of a one-token product (all fields 8 bytes: lower.py packs it as words). Product rows
 // [lo, lo + n) are roped in heads of hd into `rope`; a rotated pair is always two rows of one block
-// (MMVW_EPI_ROWS rows): NORMAL's (2i, 2i + 1) are adjacent rows anyway, and with `neox` the block
+// (MMVW_EPI_ROWS rows, MMVW_EPI_NARROW_ROWS in the narrow builds): NORMAL's (2i, 2i + 1) are adjacent rows anyway, and with `neox` the block
 // that owns pair slots i.. of a head computes rows i.. and i + n_dims/2.. of it instead (mv_rows), so both modes
 // rotate in registers with no exchange between blocks. Each scatter s is a set_rows of product rows [s.lo, s.lo + s.n), raw or
 // roped: element e goes to row idx[e / per], column e % per of s.dst (a KV cache). An index out of
@@ -424,8 +424,8 @@ __device__ __forceinline__ void mm_impl(char* dst, const TDesc& d, const char* a
     extern "C" __global__ void __launch_bounds__(T)                                                       \
         NAME##_norm_epi_##SA##_f32(char* dst, TDesc d, const char* a, TDesc ad, const char* x, TDesc xd,  \
                                    const char* nw, float eps, MvEpi epi, int early) {                     \
-        mmvw_impl<TA, float, true, MMVW_EPI_ROWS, true, T>(dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi, \
-                                                           early);                                        \
+        mmvw_impl<TA, float, true, (T >= MMVW_THREADS ? MMVW_EPI_ROWS : MMVW_EPI_NARROW_ROWS), true, T>(       \
+            dst, d, a, ad, x, xd, nullptr, d, nw, eps, &epi, early);                                      \
     }
 // Short rows without an epilogue (a small model's output head: 49152 rows of 576): MMVW_SHORT_ROWS
 // weight rows per block, so the x and w loads every block repeats stay well below the weights'.
