@@ -67,46 +67,9 @@ __device__ __forceinline__ int epi_partner(int j, int split, int per, bool& seco
     return second ? j - split : j + split;
 }
 
-// What member row m's epilogue reads from memory (positions, frequencies, cache rows), loaded
-// apart from its value so that a kernel can issue these loads before its sums are done.
-struct SibPre {
-    float sn[SIB_ROPES], cs[SIB_ROPES];
-    i64 row[SIB_WRITES];
-};
-__device__ __forceinline__ void sib_epi_load(const SibEpi& e, int member, i64 m, SibPre& pre) {
-#pragma unroll
-    for (int k = 0; k < SIB_ROPES; ++k) {
-        const SibRope& r = e.r[k];
-        const i64 j = m - r.lo;
-        pre.sn[k] = 0.0f;
-        pre.cs[k] = 1.0f;
-        if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
-        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
-        if (c < (int)r.n_dims) {
-            // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
-            const double f = r.freqs[r.neox ? (c < half ? c : c - half) : c / 2];
-            rope_sincos((double)*(const int*)r.pos, f, pre.sn[k], pre.cs[k]);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < SIB_WRITES; ++k) {
-        const SibWrite& w = e.w[k];
-        const i64 u = m - w.lo;
-        pre.row[k] = 0;
-        if (!w.dst || w.member != member || u < 0 || u >= w.n) continue;
-        const int h = (int)u / (int)w.ne0;
-        const int i1 = h / (int)w.div[0] % (int)w.ne[0], i2 = h / (int)w.div[1] % (int)w.ne[1],
-                  i3 = h / (int)w.div[2] % (int)w.ne[2];
-        pre.row[k] = w.idx ? (i64) * (const int*)(w.idx + i1 * w.inb[0] + (i2 % (int)w.ine[0]) * w.inb[1] +
-                                                  (i3 % (int)w.ine[1]) * w.inb[2])
-                           : (i64)i1;
-    }
-}
-
-// Member row m's value v (x0, x1: the raw values of its rope pair; second: m is the pair's second),
-// with what sib_epi_load read for row m.
+// Member row m's value v (x0, x1: the raw values of its rope pair; second: m is the pair's second).
 __device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* raw, i64 m, float v, float x0,
-                                             float x1, bool second, const SibPre& pre) {
+                                             float x1, bool second) {
     if (raw) *(float*)raw = v;
     float roped[SIB_ROPES];
 #pragma unroll
@@ -115,7 +78,14 @@ __device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* 
         const i64 j = m - r.lo;
         roped[k] = v;
         if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
-        if ((int)j % (int)r.hd < (int)r.n_dims) roped[k] = rope_rotate(x0, x1, pre.sn[k], pre.cs[k], second);
+        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
+        if (c < (int)r.n_dims) {
+            // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
+            const double f = r.freqs[r.neox ? (c < half ? c : c - half) : c / 2];
+            float sn, cs;
+            rope_sincos((double)*(const int*)r.pos, f, sn, cs);
+            roped[k] = rope_rotate(x0, x1, sn, cs, second);
+        }
         if (r.out) *(float*)(r.out + j * (i64)sizeof(float)) = roped[k];
     }
 #pragma unroll
@@ -128,20 +98,16 @@ __device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* 
         for (int q = 0; q < SIB_ROPES; ++q)
             if (w.rope == q) y = roped[q];
         const int c = (int)u % (int)w.ne0, h = (int)u / (int)w.ne0;
-        const int i2 = h / (int)w.div[1] % (int)w.ne[1], i3 = h / (int)w.div[2] % (int)w.ne[2];
-        const i64 row = pre.row[k];
-        if (w.idx && (row < 0 || row >= w.nrows)) {
-            report_error(e.err, (int)e.code);
-            continue;
+        const int i1 = h / (int)w.div[0] % (int)w.ne[0], i2 = h / (int)w.div[1] % (int)w.ne[1],
+                  i3 = h / (int)w.div[2] % (int)w.ne[2];
+        i64 row = i1;
+        if (w.idx) {
+            row = *(const int*)(w.idx + i1 * w.inb[0] + (i2 % (int)w.ine[0]) * w.inb[1] + (i3 % (int)w.ine[1]) * w.inb[2]);
+            if (row < 0 || row >= w.nrows) {
+                report_error(e.err, (int)e.code);
+                continue;
+            }
         }
         st_dt(w.dst + c * w.nb[0] + row * w.nb[1] + i2 * w.nb[2] + i3 * w.nb[3], y, (int)w.dt);
     }
-}
-
-// Both at once (a kernel with nothing to overlap the loads with).
-__device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* raw, i64 m, float v, float x0,
-                                             float x1, bool second) {
-    SibPre pre;
-    sib_epi_load(e, member, m, pre);
-    sib_epilogue(e, member, raw, m, v, x0, x1, second, pre);
 }

@@ -769,12 +769,6 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
         __syncthreads();  // stage c % S is free for chunk c + S
     }
 
-    // EPI: the epilogue's loads of thread tid's row (block row tid: nr <= NT) before the sums
-    SibPre pre;
-    if constexpr (EPI) {
-        static_assert(QUANT_MV_SLOTS * R <= QUANT_MV_THREADS, "a thread per epilogue row");
-        if (tid < nr) sib_epi_load(*epi, member, r0 + tid + (tid < split ? 0 : jump), pre);
-    }
     // Row sums: thread (slot, item) left row slot * R + m's part in red[m][tid].
     // NORM: slot 0's parts of sum(x^2) in red[R * NT + t], t < tpr.
     float* red = (float*)smem;  // (R + 1) * NT floats <= the stages, idle now (only empty copy groups remain)
@@ -813,14 +807,12 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
     if constexpr (EPI) {  // y: the product's own rows (null: nobody reads them after the step)
-        const int j = tid;
-        if (j < nr) {
+        for (int j = tid; j < nr; j += NT) {
             bool second;
             const int pj = epi_partner(j, split, ob, second);
             const float v = fin[j], o = pj < nr ? fin[pj] : 0.0f;  // no partner: the row is not roped
             const i64 m = r0 + j + (j < split ? 0 : jump);
-            sib_epilogue(*epi, member, y ? (char*)(y + m) : nullptr, m, v, second ? o : v, second ? v : o, second,
-                         pre);
+            sib_epilogue(*epi, member, y ? (char*)(y + m) : nullptr, m, v, second ? o : v, second ? v : o, second);
         }
     }
 }
