@@ -16,7 +16,7 @@ def apply(specs: list[str]) -> None:
         if not hasattr(mod, name):
             raise SystemExit(f"--const: {fam} has no {name}")
         setattr(mod, name, int(n))
-        for defs in [*getattr(mod, "DEFINES", {}).values(), getattr(mod, "COMMON_DEFINES", {})]:
+        for defs in getattr(mod, "DEFINES", {}).values():
             for key in (name, "QUANT_" + name):
                 if key in defs:
                     defs[key] = int(n)

@@ -250,65 +250,6 @@ def test_l2_prefetch_changes_nothing(monkeypatch):
         assert np.array_equal(a, b)
 
 
-def test_l2_ahead_takes_the_next_steps_weights_up_to_its_budget(monkeypatch):
-    """launch.l2_ahead (what the attention asks L2 for): the constant, contiguous weights of the
-    mul_mats after the step, in plan order, a sibling step's weights the same leading fraction
-    each, up to L2_AHEAD_BYTES, L2_AHEAD_RANGES tensors and L2_AHEAD_STEPS steps; weights some
-    step writes are left out; 0 bytes: nothing."""
-    from types import SimpleNamespace
-    from gg.backends.cuda import launch
-    from plan_stubs import in_plan
-    ctx = gg.Context()
-    x, out = ctx.new_tensor(gg.F32, (256,)), ctx.new_tensor(gg.F32, (256,))
-    wo, wg, wu, wd = (ctx.new_tensor(gg.F16, (256, 256)) for _ in range(4))  # 128 KiB each
-    where = {x: 0, out: 4096, wo: 1 << 20, wg: 2 << 20, wu: 3 << 20, wd: 4 << 20}
-
-    def step(*weights):
-        nodes = [gg.mul_mat(w, x) for w in weights]
-        return SimpleNamespace(ops=("mul_mat",) * len(nodes), outs=[out], nodes=nodes, srcs=lambda n: n.src,
-                               choice=SimpleNamespace())
-    attn = SimpleNamespace(ops=("soft_max",), outs=[out], nodes=[], srcs=lambda n: n.src, choice=SimpleNamespace())
-    steps = [attn, step(wo), step(wg, wu), step(wd)]
-    base, kib = 1 << 32, 1 << 10
-
-    def ahead(budget):
-        monkeypatch.setattr(launch, "L2_AHEAD_BYTES", budget)
-        return in_plan(launch.l2_ahead, where, steps, 0)
-    assert ahead(0) == []
-    assert ahead(1 << 30) == [(base + where[w], 128 * kib) for w in (wo, wg, wu, wd)]
-    assert ahead(192 * kib) == [(base + where[wo], 128 * kib), (base + where[wg], 32 * kib),
-                                (base + where[wu], 32 * kib)]
-    monkeypatch.setattr(launch, "L2_AHEAD_STEPS", 2)
-    assert ahead(1 << 30) == [(base + where[w], 128 * kib) for w in (wo, wg, wu)]
-    monkeypatch.setattr(launch, "L2_AHEAD_STEPS", 4)
-    where[wo] = 4096  # shares out's bytes: some step writes it
-    assert ahead(1 << 30) == [(base + where[w], 128 * kib) for w in (wg, wu, wd)]
-
-
-@cuda
-@pytest.mark.parametrize("quant", [False, True])
-def test_l2_ahead_changes_nothing(tmp_path, monkeypatch, quant):
-    """The fast flash builds asking L2 for the next steps' weights (launch.L2_AHEAD_BYTES): a
-    model's decode tokens (F16 and quantized weights) give the same bits with it on and off."""
-    from gg.backends.cuda import launch
-    from gg.models import load
-    from test_models import make_model
-    path, _, _ = make_model(tmp_path, np.random.default_rng(7), quant=quant, n_embd=128, n_head=2, n_head_kv=1)
-    got = []
-    for budget in (0, 64 << 20):
-        monkeypatch.setattr(launch, "L2_AHEAD_BYTES", budget)
-        m = load(path, backends=("cuda", "cpu"), n_ctx=64)
-        assert any(s.kernel.startswith("flash_attn_f16_h") for s in m._decoder("logits").graph.plan.steps)
-        m._prefill(np.arange(3, 9, dtype=np.int32), "last", "logits")
-        dec = m._decoder("logits")
-        outs = []
-        for tok in (4, 11, 2):
-            outs.append(dec.run([tok], m.cache.n_past).copy())
-            m.cache.n_past += 1
-        got.append(np.stack(outs))
-    assert np.array_equal(got[0], got[1])
-
-
 @cuda
 def test_float_matvecs_early_loads_change_nothing(monkeypatch, launches):
     """The float mat-vecs (mul_mat_vec1 / mul_mat_vec, the wide and normalizing mul_mat_vecw

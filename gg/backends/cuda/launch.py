@@ -141,53 +141,6 @@ def may_read_early(step: Any, *weights: Tensor) -> bool:
     return all(unwritten(w) for w in weights) and not behind_norm
 
 
-# A latency-bound step (a decode token's attention: a few dozen blocks over a short cache) leaves
-# the DRAM idle for microseconds; its kernel asks L2 for the weights of the steps after it, up to
-# L2_AHEAD_BYTES in plan order (kernels/common.cuh gg_l2_ahead), so the products after it read
-# part of their weights from L2. 0: nothing (A/B). At most L2_AHEAD_RANGES weight tensors, from
-# at most L2_AHEAD_STEPS steps, a step's weights the same leading fraction each (a sibling step
-# reads its gate and up rows side by side).
-L2_AHEAD_BYTES = 0
-L2_AHEAD_RANGES = 4
-L2_AHEAD_STEPS = 4
-L2_AHEAD_PIECE = 32 << 10  # bytes one bulk prefetch asks for
-COMMON_DEFINES = {"L2_AHEAD_RANGES": L2_AHEAD_RANGES, "L2_AHEAD_PIECE": L2_AHEAD_PIECE}  # every file (common.cuh)
-
-
-def l2_ahead(step: Any) -> list[tuple[int, int]]:
-    """The (address, bytes) ranges `step`'s kernel asks L2 for (L2_AHEAD_BYTES): the leading bytes
-    of the constant, contiguous weights of the mul_mats in the steps after it."""
-    i = _index.get(id(step))
-    budget, out = L2_AHEAD_BYTES, []
-    if not budget or i is None:
-        return out
-    for nxt in _steps[i + 1:i + 1 + L2_AHEAD_STEPS]:
-        weights = [w for w in (nxt.srcs(n)[0] for n in nxt.nodes if n.op == "mul_mat") if unwritten(w)]
-        spans = [(lo, hi) for w in weights for lo, hi in [span(w)] if hi - lo == w.nbytes]  # contiguous
-        need = sum(hi - lo for lo, hi in spans)
-        if not need:
-            continue
-        if len(out) + len(spans) > L2_AHEAD_RANGES:
-            break
-        frac = min(1.0, budget / need)
-        for lo, hi in spans:
-            start = (lo + 15) & ~15
-            n = int((hi - start) * frac) & ~15
-            if n > 0:
-                out.append((start, n))
-                budget -= n
-        if budget <= 0:
-            break
-    return out
-
-
-def l2_ahead_words(args: "Args", ranges: Sequence[tuple[int, int]] = ()) -> "Args":
-    """A kernels/common.cuh L2Ahead (ranges past the given ones empty), passed by value."""
-    pad = [(0, 0)] * (L2_AHEAD_RANGES - len(ranges))
-    full = list(ranges) + pad
-    return args.words(*(p for p, _ in full), *(n for _, n in full))
-
-
 class Args:
     """Typed kernel arguments in declaration order."""
 

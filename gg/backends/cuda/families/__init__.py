@@ -9,7 +9,6 @@ from ....dtypes import DType
 from ....errors import BackendError
 from ....tensor import Tensor
 from . import attention, blocks, copy, elementwise, matmul, norm, reduce, rope, rows, siblings, softmax
-from .. import launch
 from .common import DT_CODES, Kernel, Srcs, Variant, node_srcs
 
 # Asked in this order: the first family that claims an op group runs it (the normalizing mat-vec
@@ -74,9 +73,8 @@ def variants() -> list[Variant]:
 
 def defines(file: str) -> dict[str, object]:
     """The constants kernels/<file> is compiled with (-D), from the family that owns it, plus
-    the dtype codes and launch constants every file shares (common.cuh)."""
+    the dtype codes every file shares (common.cuh)."""
     out: dict[str, object] = {f"DT_{k.name.upper()}": v for k, v in DT_CODES.items()}
-    out.update(launch.COMMON_DEFINES)
     for f in FAMILIES + SHARED:
         out.update(f.DEFINES.get(file, {}))
     return out

@@ -216,7 +216,6 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
                 np.int32(cl and EARLY_TILES))
     args.ptr(ws)
     args.ptr(table(step, np.zeros(kern.table // 4, np.int32)) if kern.fused else 0)  # the counters start at zero
-    launch.l2_ahead_words(args, launch.l2_ahead(step) if kern.fast else ())  # the next steps' weights
     chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,
                     smem=smem, what=what, cluster=kern.cluster if cl else 0)
     if kern.fused:

@@ -120,7 +120,7 @@ template <class TK, int NH, int HD, bool VP, int CH>
 __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
                                            const char* k, const TDesc& kd, const char* v, const TDesc& vd,
                                            const char* mask, const TDesc& md, int mdt, const FaArgs& p,
-                                           float* ws, int* cnt, const L2Ahead& ahead) {
+                                           float* ws, int* cnt) {
     constexpr bool FAST = HD > 0;
     constexpr int SC = FAST ? CH : FA_MAX_CHUNK;
     // dynamic: the K tile [CH][HD] and the V tile [HD][CH] ([CH][HD] if VP) (fast path)
@@ -202,13 +202,8 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     // short contexts (cl): the tiles' round trip overlaps the mask's, at the price of reading the
     // tiles of chunks nobody sees (at most the cluster's 8 chunks a head group)
     const bool early = FAST && cl && p.early;
-    // The weights of the steps after the attention into L2 (the host's launch.l2_ahead; the fast
-    // builds only): once this block's tiles are on their way, so the tiles queue ahead of them.
     if constexpr (FAST)
-        if (early) {
-            copy_tiles();
-            gg_l2_ahead(ahead);
-        }
+        if (early) copy_tiles();
 
     // fast path: lane gl of a K-row group of TPP lanes owns q elements [8 gl, 8 gl + 8) of each head
     constexpr int TPP = FAST ? (HD / 8 > NH ? HD / 8 : NH) : 32;
@@ -242,8 +237,6 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
     }
     visible = __syncthreads_or(visible);
-    if constexpr (FAST)
-        if (!visible && !early) gg_l2_ahead(ahead);  // no tiles to read
 
     if (visible) {
         auto score = [&](int hh, int jj, float dot) -> float {
@@ -253,10 +246,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         // ---- scores: TPP lanes per K row, reduced by a reduce-scatter over the group
         const int writer = (gl & (TPP / NH - 1)) == 0;
         if constexpr (FAST) {
-            if (!early) {
-                copy_tiles();
-                gg_l2_ahead(ahead);
-            }
+            if (!early) copy_tiles();
             cp_async_wait<1>();  // the K tile
             __syncthreads();
             constexpr int GROUPS = FA_THREADS / TPP;
@@ -637,10 +627,10 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
 #define GG_FA(T, S, NH, HD, VP, CH, NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
-             const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt, L2Ahead ahead) {           \
+             const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt) {                         \
         flash_l2_prefetch<T, NH, HD, VP, CH>(d, k, kd, v, vd, p);                                          \
         gg_grid_sync();                                                                                    \
-        flash_impl<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt, ahead);      \
+        flash_impl<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);             \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V
 // layouts, in chunks of FA_CHUNK positions, and for short contexts in the host's short chunk C

@@ -365,34 +365,6 @@ __device__ __forceinline__ void gg_l2_prefetch(const char* p, i64 bytes) {
     for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)blockDim.x * 128) l2_prefetch_line(p + o);
 }
 
-// Weights of the steps after this one, asked of L2 by a latency-bound kernel that leaves the DRAM
-// idle (the host's launch.l2_ahead; all fields 8 bytes, packed as words): range r is n[r] bytes at
-// p[r] (16-byte aligned, n a multiple of 16; n 0: none). The grid's blocks split every range
-// evenly, and each block's share goes out as bulk prefetches of up to L2_AHEAD_PIECE bytes, one a
-// thread (sm_90, the TMA unit: nothing lands in the SM; older devices: nothing). Like
-// gg_l2_prefetch, a prefetch never makes a later read stale, whoever writes those bytes.
-#ifndef L2_AHEAD_RANGES
-#error "L2_AHEAD_RANGES and L2_AHEAD_PIECE come from the host as -D (launch.py)"
-#endif
-struct L2Ahead {
-    const char* p[L2_AHEAD_RANGES];
-    i64 n[L2_AHEAD_RANGES];
-};
-__device__ __forceinline__ void gg_l2_ahead(const L2Ahead& a) {
-#if __CUDA_ARCH__ >= 900
-    const i64 blocks = (i64)gridDim.x * gridDim.y * gridDim.z;
-    const i64 b = blockIdx.x + (i64)gridDim.x * (blockIdx.y + (i64)gridDim.y * blockIdx.z);
-#pragma unroll
-    for (int r = 0; r < L2_AHEAD_RANGES; ++r) {
-        if (!a.n[r]) continue;
-        const i64 share = (a.n[r] / blocks + 15) & ~(i64)15, lo = b * share, hi = min(a.n[r], lo + share);
-        for (i64 o = lo + (i64)threadIdx.x * L2_AHEAD_PIECE; o < hi; o += (i64)blockDim.x * L2_AHEAD_PIECE)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                         :: "l"(a.p[r] + o), "r"((unsigned)min((i64)L2_AHEAD_PIECE, hi - o)) : "memory");
-    }
-#endif
-}
-
 // Report a bad input (e.g. a row index out of range) to the host: the backend reads this word
 // on synchronize() and raises a BackendError naming the step that set it.
 __device__ __forceinline__ void report_error(int* err, int code) {
