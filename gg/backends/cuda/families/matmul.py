@@ -54,8 +54,8 @@ TILE = 64                # the tiled kernel's output tile (kernels/mul_mat.cu MM
 DEFINES = {"mul_mat.cu": {"MMV_NMAX": MMV_MAX_N, "MMV_BATCH": MMV_BATCH, "MMVW_THREADS": MMVW_THREADS,
                           "MMVW_BATCH": MMVW_BATCH,
                           "MMVW_NORM_ROWS": MMVW_NORM_ROWS,
-                          "MMVW_EPI_ROWS": MMVW_EPI_ROWS,
-                          "MMVW_EPI_NARROW_ROWS": MMVW_EPI_NARROW_ROWS, "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
+                          "MMVW_EPI_ROWS": MMVW_EPI_ROWS, "MMVW_EPI_NARROW_ROWS": MMVW_EPI_NARROW_ROWS,
+                          "MMVW_SHORT_ROWS": MMVW_SHORT_ROWS, "MV_SCATTERS": MV_SCATTERS, "MM_BM": TILE,
                           "MM_BN": TILE}}
 
 
