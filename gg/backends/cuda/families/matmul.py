@@ -350,7 +350,8 @@ def _rows_of(t: Tensor, root: Tensor) -> tuple[int, int] | None:
 
 
 def epi_rows(threads: int) -> int:
-    """Weight rows a block of the epilogue build of `threads` threads takes."""
+    """Weight rows a block of the epilogue build of `threads` threads takes (kernels/mul_mat.cu
+    GG_MM_NORM_T picks its template rows by the same comparison with MMVW_THREADS)."""
     return MMVW_EPI_ROWS if threads >= MMVW_THREADS else MMVW_EPI_NARROW_ROWS
 
 
