@@ -90,7 +90,7 @@ def test_products_rope_and_write_in_one_step(rng, mode, write, nkv):
     plan = g.plan
     assert [s.ops for s in plan.steps] == [PRODUCTS + ("rope", write, write, "rope"), ("scale",)]
     first = plan.steps[0]
-    assert first.kernel == "mul_mat_sib_norm_epi_f16_f32"
+    assert first.kernel == "mul_mat_sib_norm_epi_f16_f32_narrow"  # K = 512: 64-thread blocks of 2 rows
     assert [r[5] for r in first.choice.ropes] == [int(mode == NEOX)] * 2
     rope_k, write_k, write_v, rope_q = first.nodes[5:]
     # q leaves the step (scale reads it); the products and the roped k are read inside only
@@ -144,6 +144,21 @@ def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng, quant_epil
     assert g.plan.steps[0].choice.per == 12 and g.plan.steps[0].kernel == "mul_mat_sibq_norm_epi_q4_0_f32_qx_small"
 
 
+@pytest.mark.parametrize("mode,hd,n_dims,per,kernel", [
+    (NORMAL, 64, 64, 8, "mul_mat_sib_norm_epi_f16_f32"),
+    (NEOX, 128, 64, 8, "mul_mat_sib_norm_epi_f16_f32"),          # 8 rows divide head_dim and n_dims
+    (NEOX, 48, 20, 2, "mul_mat_sib_norm_epi_f16_f32_narrow"),    # ... and here they do not
+])
+def test_long_rows_take_the_wide_build_where_its_rows_tile_the_ropes(rng, mode, hd, n_dims, per, kernel):
+    """K = 2048 F16: 256-thread blocks, siblings.EPI_ROWS rows each where every rope pair falls in a
+    block of them, else the narrow build's 2 (the epilogue is kept either way)."""
+    g, _ = _block(gg.Context(), rng, mode=mode, hd=hd, n_dims=n_dims, nh=4, nkv=2, K=2048)
+    first = g.plan.steps[0]
+    assert first.ops == PRODUCTS + ("rope", "cpy", "cpy", "rope")
+    assert (first.kernel, first.choice.per, first.choice.threads) == (kernel, per, siblings.THREADS)
+    assert per in (siblings.EPI_ROWS, siblings.EPI_NARROW_ROWS)
+
+
 def test_the_forms_of_issue_20_are_three_steps():
     import forms as F
     base = F.Dims(n_embd=512, n_head=8, n_head_kv=8, n_ff=64, n_ctx=64)
@@ -154,7 +169,7 @@ def test_the_forms_of_issue_20_are_three_steps():
         k, v = F.make_cache_rows(d)
         b = F.build(f, base, 7, F.make_arrays(d, ffn=False), k, v, x, backends=("cuda", "cpu"))
         n, syms = F.plan_summary(b.graph)
-        assert n == 3 and syms[0] == "mul_mat_sib_norm_epi_f16_f32", (name, syms)
+        assert n == 3 and syms[0] == "mul_mat_sib_norm_epi_f16_f32_narrow", (name, syms)
         b.free()
 
 
@@ -265,6 +280,11 @@ def _run(g, p):
     (NORMAL, "set_rows", gg.F32, gg.F32, gg.F16, 64, 32, 6, 2, 39, 520),     # rope of half of each head
     (NEOX, "cpy", gg.BF16, gg.F32, gg.BF16, 48, 22, 6, 3, 27, 264),        # n_dims / 2 odd, odd position
     (NEOX, "set_rows", gg.F16, gg.BF16, gg.F32, 96, 6, 5, 5, 1, 776),      # pairs (0, 3) (1, 4) (2, 5)
+    # the wide build (256 threads, siblings.EPI_ROWS rows a block): NEOX pair slots 4 at a time
+    (NEOX, "cpy", gg.F16, gg.F16, gg.F16, 128, 128, 4, 2, 29, 2048),
+    (NORMAL, "set_rows", gg.F16, gg.F16, gg.F16, 62, 62, 3, 1, 31, 2056),   # 186 rows: a partial last block
+    (NEOX, "set_rows", gg.F32, gg.F32, gg.F16, 128, 64, 3, 1, 5, 1032),    # rope of half of each head, MQA
+    (NEOX, "cpy", gg.BF16, gg.F16, gg.F16, 48, 20, 6, 3, 11, 4096),        # 8 rows leave the pairs: narrow
 ])
 def test_matches_reference_and_the_steps_apart(rng, monkeypatch, mode, write, wdt, kdt, vdt, hd, n_dims, nh, nkv,
                                                n_past, K):

@@ -28,6 +28,12 @@ MAX_MEMBERS = 8    # products one step computes (kernels/siblings.cu SIB_MAX)
 ROWS = 2           # weight rows per block: each x (and norm weight) element loaded serves both
 ACT_ROWS = 2       # SwiGLU: rows of each of the gate and up weights per block (H200: 2 beats 1)
 THREADS = 256      # most threads per block
+# The float epilogue build (rope and cache writes, below): rows a block of the 256-thread build,
+# whose 32 KB of x and norm-weight loads a 4096-row serve every one of them (matmul.MMVW_EPI_ROWS
+# measured the same trade on the stacked QKV); blocks of fewer threads (short rows: few blocks to
+# lose), and ropes these rows do not tile, take the `_narrow` build's 2.
+EPI_ROWS = 8
+EPI_NARROW_ROWS = 2
 BATCH = 2          # 16-byte weight loads per row a thread issues before using them
 PROLOGUE = ("rms_norm", "mul")
 ACTIVATIONS = ("silu", "gelu")
@@ -40,8 +46,8 @@ ACTIVATIONS = ("silu", "gelu")
 # took 511.3 us with the norm in gate/up (29 MB re-read) and the head (50 MB), 475.3 with none.
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
 _EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
-DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_THREADS": THREADS,
-                           "SIB_BATCH": BATCH, **_EPI_DEFINES},
+DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_EPI_ROWS": EPI_ROWS,
+                           "SIB_THREADS": THREADS, "SIB_BATCH": BATCH, **_EPI_DEFINES},
            "quant.cu": _EPI_DEFINES}
 
 
@@ -351,9 +357,17 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
     """k (the products' step) that also does the `tail` of ropes and writes, or None."""
     if k.act or k.vecs is not None or any(mm.ne[1:] != (1, 1, 1) for mm in prods):
         return None  # (the streaming build has no epilogue)
-    allowed = QUANT_EPILOGUE if k.quant else k.per == 2  # siblings.cu's epilogue ropes a block's two rows
-    if not allowed:
-        return None
+    if k.quant:
+        return _epilogue_of(k, k.per, "", prods, tail, srcs) if QUANT_EPILOGUE else None
+    wide = k.threads >= THREADS and EPI_ROWS != EPI_NARROW_ROWS
+    return ((_epilogue_of(k, EPI_ROWS, "", prods, tail, srcs) if wide else None)
+            or _epilogue_of(k, EPI_NARROW_ROWS, "_narrow", prods, tail, srcs))
+
+
+def _epilogue_of(k: Siblings, per: int, width: str, prods: Sequence[Tensor], tail: Sequence[Tensor],
+                 srcs: Srcs) -> Kernel | None:
+    """k with the epilogue of `tail` over blocks of `per` rows (kernel name suffix `width`), or None
+    where a rope's pairs would leave such blocks or the tail has ops the epilogue does not take."""
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
     tbytes = 0
@@ -361,7 +375,7 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
         if node.op not in EPILOGUE_OPS:
             return None
         if node.op == "rope":
-            r = _epi_rope(node, prods, srcs, tbytes // 8, k.per)
+            r = _epi_rope(node, prods, srcs, tbytes // 8, per)
             if r is None or len(ropes) == EPI_ROPES or any(o[0] == r[0] for _, o in ropes):
                 return None
             ropes.append((node, r))
@@ -372,7 +386,7 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
                 return None
             writes.append(w)
     prefix = ("mul_mat_sibq" if k.quant else "mul_mat_sib") + ("_norm" if k.norm else "")
-    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):], k.rows, k.norm, "", k.threads, k.per,
+    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):] + width, k.rows, k.norm, "", k.threads, per,
                        k.quant, ropes=tuple(r for _, r in ropes), writes=tuple(writes), table=tbytes)
 
 
@@ -395,6 +409,7 @@ def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
 
 
 def _epi_variants() -> list[Variant]:
-    return ([Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32") for a in FLOAT_NAMES for norm in ("", "_norm")]
+    return ([Variant("siblings.cu", f"mul_mat_sib{norm}_epi_{a}_f32{width}") for a in FLOAT_NAMES
+             for norm in ("", "_norm") for width in ("", "_narrow")]
             + [Variant("quant.cu", f"mul_mat_sibq{norm}_epi_{t.name}_f32{qx}") for t in blocks.TYPES
                for norm in ("", "_norm") for qx in ("", "_qx", "_qx_small") if not qx or t in blocks.QX_TYPES])

@@ -16,12 +16,14 @@
 // EPI (the planner's epilogue fusion over a sibling step: llama.cpp's separate Wq/Wk/Wv of a decode
 // token with rope(q), rope(k) and the K/V cache writes): each finished row also goes through
 // sib_epilogue (epilogue.cuh), and a product with no reader after the step is never stored. A
-// rotated pair is always the block's two rows: NORMAL's (2i, 2i + 1) are rows m0, m0 + 1 anyway;
-// NEOX's (i, i + n_dims/2) are given to the block of pair slot i by sib_rows (epi_rows).
+// rotated pair is always two rows of the block, laid out by epi_rows: NORMAL's (2i, 2i + 1) are
+// adjacent rows anyway; NEOX's (i, i + n_dims/2) are given to the block of pair slot i. The
+// 256-thread build takes SIB_EPI_ROWS rows a block (the x and norm-weight loads serve all of
+// them), the `_narrow` build 2 (short rows have few blocks to lose); the host picks per step.
 // `early` (host: launch.early_loads): the first batch of weight loads before the wait for the
 // kernel before, as mul_mat.cu's mat-vecs (bit-identical values either way).
-// SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES come from
-// the host (families/siblings.py, as -D).
+// SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_EPI_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES
+// come from the host (families/siblings.py, as -D).
 #include "epilogue.cuh"
 
 // All fields 8 bytes: the host packs the set as words.
@@ -67,48 +69,57 @@ __device__ __forceinline__ SibPick sib_pick(const SibSet& s, int per_block) {
     return p;
 }
 
-// The rows (r0, r0 + dr) of the block of member rows from m0 (even): epi_rows' layout for 2 rows.
-__device__ __forceinline__ void sib_rows(const SibEpi& e, int member, i64 m0, i64& r0, i64& dr) {
+// A block's row layout: block row rr is member row r0 + rr, plus `jump` for rr >= split (epi_rows;
+// without the epilogue the R rows from m0).
+struct SibRows {
+    i64 r0, jump;
     int split;
-    i64 jump;
-    epi_rows(e, member, m0, 2, r0, split, jump);
-    dr = 1 + jump;
+    __device__ __forceinline__ i64 row(int rr) const { return r0 + rr + (rr >= split ? jump : 0); }
+};
+template <int R, bool EPI>
+__device__ __forceinline__ SibRows sib_rows(const SibPick& p, const SibEpi* epi) {
+    SibRows l{p.m0, 0, R};
+    if constexpr (EPI) epi_rows(*epi, p.member, p.m0, R, l.r0, l.split, l.jump);
+    return l;
 }
 
 // Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read).
-template <class TA, int ACT, bool EPI = false>
+template <class TA, int ACT, int R, bool EPI = false>
 __device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre, const SibEpi* epi = nullptr) {
     if (!pre) return;
-    constexpr int W = ACT ? 2 : 1, R = ACT ? SIB_ACT_ROWS : SIB_ROWS;
+    constexpr int W = ACT ? 2 : 1;
     const SibPick p = sib_pick(s, R);
+    const SibRows l = sib_rows<R, EPI>(p, epi);
     const i64 bytes = s.K * (i64)sizeof(TA);
-    i64 r0 = p.m0, dr = 1;
-    if constexpr (EPI) sib_rows(*epi, p.member, p.m0, r0, dr);
     for (int rr = 0; rr < R && p.m0 + rr < p.rows; ++rr) {
-        gg_l2_prefetch(p.a + (r0 + rr * dr) * p.nb1, bytes);
+        gg_l2_prefetch(p.a + l.row(rr) * p.nb1, bytes);
         if (W == 2) gg_l2_prefetch(s.m[1].a + (p.m0 + rr) * s.m[1].nb1, bytes);
     }
 }
 
-template <class TA, bool NORM, int ACT, bool EPI = false>
+// Rows of each weight matrix a block of the build without the epilogue reads.
+__host__ __device__ constexpr int sib_plain_rows(int act) { return act ? SIB_ACT_ROWS : SIB_ROWS; }
+
+// R: rows of each weight matrix a block reads.
+template <class TA, bool NORM, int ACT, int R, bool EPI = false>
 __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps, int early,
                                          const SibEpi* epi = nullptr) {
-    static_assert(!EPI || (ACT == SIB_NONE && SIB_ROWS == 2), "the epilogue ropes the pair of the block's two rows");
+    static_assert(!EPI || (ACT == SIB_NONE && R % 2 == 0), "the epilogue ropes pairs of the block's rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of the weights
     constexpr int W = ACT ? 2 : 1;           // weight matrices a block reads (gate and up)
-    constexpr int R = ACT ? SIB_ACT_ROWS : SIB_ROWS;  // rows of each
     __shared__ float part[W * R + NORM][SIB_THREADS / 32];
     const SibPick p = sib_pick(s, R);
     const int nrows = (int)min((i64)R, p.rows - p.m0);
-    i64 r0 = p.m0, dr = 1;  // block row rr is member row r0 + rr * dr
-    if constexpr (EPI) sib_rows(*epi, p.member, p.m0, r0, dr);
+    const SibRows l = sib_rows<R, EPI>(p, epi);
     const char* arow[W];
-    i64 nb1[W];
-    arow[0] = p.a + r0 * p.nb1;
-    nb1[0] = p.nb1 * dr;
+    i64 nb1[W], jstep[W];
+    arow[0] = p.a + l.r0 * p.nb1;
+    nb1[0] = p.nb1;
+    jstep[0] = l.jump * p.nb1;
     if constexpr (W == 2) {
         arow[1] = s.m[1].a + p.m0 * s.m[1].nb1;
         nb1[1] = s.m[1].nb1;
+        jstep[1] = 0;
     }
     const int chunks = (int)(s.K / G), nt = (int)blockDim.x;
     float acc[W][R], ss = 0.0f;
@@ -125,7 +136,8 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
 #pragma unroll
                 for (int u = 0; u < SIB_BATCH; ++u) {
                     const int c = c0 + u * nt;
-                    if (c < chunks && rr < nrows) av[w][rr][u] = ld16_cs(arow[w] + rr * nb1[w] + (i64)c * 16);
+                    if (c < chunks && rr < nrows)
+                        av[w][rr][u] = ld16_cs(arow[w] + rr * nb1[w] + (rr >= l.split ? jstep[w] : 0) + (i64)c * 16);
                 }
     };
     const int first = threadIdx.x;
@@ -189,12 +201,13 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
         float scale = 1.0f;
         if constexpr (NORM) scale = 1.0f / sqrtf(sq / (float)s.K + eps);  // as kernels/norm.cu
         float y = v[0] * scale;
-        const i64 m = r0 + rr * dr;
+        const i64 m = l.row(rr);
         if constexpr (EPI) {  // the pair partner's sum, in the same order as its own thread's
+            bool second;
+            const int partner = epi_partner(rr, l.split, R, second);
             float o = 0.0f;
-            for (int i = 0; i < warps; ++i) o += part[rr ^ 1][i];
+            for (int i = 0; i < warps; ++i) o += part[partner][i];
             o *= scale;
-            const bool second = rr & 1;
             sib_epilogue(*epi, p.member, p.out ? p.out + m * (i64)sizeof(float) : nullptr, m, y, second ? o : y,
                          second ? y : o, second);
             return;
@@ -208,22 +221,24 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
     extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
         mul_mat_sib##NAME##_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre,     \
                                        int early) {                                                      \
-        sib_l2_prefetch<TA, ACT>(s, pre);                                                                \
-        sib_impl<TA, NORM, ACT>(s, x, nw, eps, early);                                                   \
+        sib_l2_prefetch<TA, ACT, sib_plain_rows(ACT)>(s, pre);                                           \
+        sib_impl<TA, NORM, ACT, sib_plain_rows(ACT)>(s, x, nw, eps, early);                              \
     }
 
-// With the epilogue (no activation): see EPI above.
-#define GG_SIB_EPI(TA, SA, NORM, NAME)                                                                    \
+// With the epilogue (no activation), R rows a block: see EPI above.
+#define GG_SIB_EPI(TA, SA, NORM, NAME, R, WIDTH)                                                          \
     extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
-        mul_mat_sib##NAME##_epi_##SA##_f32(SibSet s, const char* x, const char* nw, float eps, int pre,   \
-                                           SibEpi epi, int early) {                                       \
-        sib_l2_prefetch<TA, SIB_NONE, true>(s, pre, &epi);                                               \
-        sib_impl<TA, NORM, SIB_NONE, true>(s, x, nw, eps, early, &epi);                                  \
+        mul_mat_sib##NAME##_epi_##SA##_f32##WIDTH(SibSet s, const char* x, const char* nw, float eps,     \
+                                                  int pre, SibEpi epi, int early) {                       \
+        sib_l2_prefetch<TA, SIB_NONE, R, true>(s, pre, &epi);                                            \
+        sib_impl<TA, NORM, SIB_NONE, R, true>(s, x, nw, eps, early, &epi);                               \
     }
 
 #define GG_SIB_ALL(TA, SA)                          \
-    GG_SIB_EPI(TA, SA, false, )                     \
-    GG_SIB_EPI(TA, SA, true, _norm)                 \
+    GG_SIB_EPI(TA, SA, false, , SIB_EPI_ROWS, )     \
+    GG_SIB_EPI(TA, SA, true, _norm, SIB_EPI_ROWS, ) \
+    GG_SIB_EPI(TA, SA, false, , 2, _narrow)         \
+    GG_SIB_EPI(TA, SA, true, _norm, 2, _narrow)     \
     GG_SIB(TA, SA, false, SIB_NONE, )               \
     GG_SIB(TA, SA, true, SIB_NONE, _norm)           \
     GG_SIB(TA, SA, false, SIB_SILU, _silu)          \
