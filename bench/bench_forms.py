@@ -1,7 +1,7 @@
 """The llama decode block in many equivalent forms (issue 20, "fast on any graph"): each form's time
 next to the best form's and the bytes floor, with PyTorch side by side.
 
-    PYTHONPATH=. python bench/bench_forms.py [--n-head-kv 8] [--steps 50] [--json out.json]
+    PYTHONPATH=. python bench/bench_forms.py [--n-head-kv 8] [--steps 50] [--json out.json] [--const FAMILY.NAME=N]
     PYTHONPATH=. python bench/bench_forms.py --backend cpu --small          # logic check, no GPU
 
 The forms (tests/forms.py FORMS): gg.llama's own attention_block (stacked wqkv, V cache transposed,
@@ -268,7 +268,13 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="print graph.profile() per form")
     p.add_argument("--plan", action="store_true", help="print each form's plan")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--const", action="append", default=[], metavar="FAMILY.NAME=N",
+                   help="an A/B switch: a CUDA family constant and its NVRTC define (scripts/plan_consts.py)")
     args = p.parse_args(argv)
+    if args.const:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+        import plan_consts
+        plan_consts.apply(args.const)
 
     if args.backend == "cuda" and not gg.backends.base.available("cuda"):
         print("bench_forms: no CUDA GPU here (use --backend cpu --small for a logic check)", file=sys.stderr)

@@ -1,10 +1,13 @@
 """`FAMILY.NAME=N` switches of the A/B scripts (scripts/model_steps.py --const, scripts/cubin_pack.sh
 CONSTS=): any integer constant of a CUDA family module (gg/backends/cuda/families/FAMILY.py) or of
-gg/backends/cuda/launch.py, set on the module and on the NVRTC define of the same name (or QUANT_
-and the name: blocks.MVS_THREADS is QUANT_MVS_THREADS), so plan and kernels agree."""
+gg/backends/cuda/launch.py, set on the module and on the NVRTC define of the same name or of the
+name after its kernel file's tag (blocks.MVS_THREADS is QUANT_MVS_THREADS, siblings.EPI_ROWS
+SIB_EPI_ROWS, attention.THREADS FA_THREADS), so plan and kernels agree."""
 from __future__ import annotations
 
 import importlib
+
+_TAGS = ("QUANT_", "SIB_", "FA_", "CPY_")  # a define's prefix naming its kernel file
 
 
 def apply(specs: list[str]) -> None:
@@ -17,6 +20,6 @@ def apply(specs: list[str]) -> None:
             raise SystemExit(f"--const: {fam} has no {name}")
         setattr(mod, name, int(n))
         for defs in getattr(mod, "DEFINES", {}).values():
-            for key in (name, "QUANT_" + name):
+            for key in (name, *(t + name for t in _TAGS)):
                 if key in defs:
                     defs[key] = int(n)

@@ -211,8 +211,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         args = Args().words(*words).ptr(addr(x)).ptr(addr(w)).f32(eps)
     else:
         args = Args().words(*words).ptr(addr(step.srcs(prods[0])[1])).ptr(0).f32(0.0)
-    if not k.quant:  # the quantized mat-vec prefetches nothing: its cp.async copies are in flight at once
-        args.i32(int(launch.L2_PREFETCH))
+    if not k.quant and not isinstance(k, SibEpilogue):  # the others prefetch nothing (kernels/siblings.cu
+        args.i32(int(launch.L2_PREFETCH))                 # sib_l2_prefetch; quant.cu's copies are in flight at once)
     if isinstance(k, SibEpilogue):
         _epi_args(rt, step, k, args, what)
     mats = [step.srcs(mm)[0] for mm in prods]  # ... which either kind may start before its wait

@@ -67,9 +67,48 @@ __device__ __forceinline__ int epi_partner(int j, int split, int per, bool& seco
     return second ? j - split : j + split;
 }
 
-// Member row m's value v (x0, x1: the raw values of its rope pair; second: m is the pair's second).
-__device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* raw, i64 m, float v, float x0,
-                                             float x1, bool second) {
+// What member row m's epilogue reads from memory (position, frequency, cache rows), requested
+// apart from its value: a kernel can issue these loads before its partial sums meet (siblings.cu
+// sib_impl), so they are not a round trip at the end of every block. Raw values only: the
+// sines wait for the barrier (computing them before it lengthened the quantized step, 097c179).
+struct SibPre {
+    double f[SIB_ROPES];
+    int p[SIB_ROPES], row[SIB_WRITES];
+};
+__device__ __forceinline__ void sib_epi_load(const SibEpi& e, int member, i64 m, SibPre& pre) {
+#pragma unroll
+    for (int k = 0; k < SIB_ROPES; ++k) {
+        const SibRope& r = e.r[k];
+        const i64 j = m - r.lo;
+        pre.f[k] = 0.0;
+        pre.p[k] = 0;
+        if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
+        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
+        if (c < (int)r.n_dims) {
+            // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
+            pre.f[k] = r.freqs[r.neox ? (c < half ? c : c - half) : c / 2];
+            pre.p[k] = *(const int*)r.pos;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < SIB_WRITES; ++k) {
+        const SibWrite& w = e.w[k];
+        const i64 u = m - w.lo;
+        pre.row[k] = 0;
+        if (!w.dst || w.member != member || u < 0 || u >= w.n) continue;
+        const int h = (int)u / (int)w.ne0;
+        const int i1 = h / (int)w.div[0] % (int)w.ne[0], i2 = h / (int)w.div[1] % (int)w.ne[1],
+                  i3 = h / (int)w.div[2] % (int)w.ne[2];
+        pre.row[k] = w.idx ? *(const int*)(w.idx + i1 * w.inb[0] + (i2 % (int)w.ine[0]) * w.inb[1] +
+                                           (i3 % (int)w.ine[1]) * w.inb[2])
+                           : i1;
+    }
+}
+
+// Member row m's value v (x0, x1: the raw values of its rope pair; second: m is the pair's second),
+// with what sib_epi_load read for row m.
+__device__ __forceinline__ void sib_epilogue(const SibEpi& e, const SibPre& pre, int member, char* raw, i64 m,
+                                             float v, float x0, float x1, bool second) {
     if (raw) *(float*)raw = v;
     float roped[SIB_ROPES];
 #pragma unroll
@@ -78,12 +117,9 @@ __device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* 
         const i64 j = m - r.lo;
         roped[k] = v;
         if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
-        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
-        if (c < (int)r.n_dims) {
-            // theta index: NORMAL's pair (2i, 2i + 1) and NEOX's (i, i + half) both rotate by freqs[i]
-            const double f = r.freqs[r.neox ? (c < half ? c : c - half) : c / 2];
+        if ((int)j % (int)r.hd < (int)r.n_dims) {
             float sn, cs;
-            rope_sincos((double)*(const int*)r.pos, f, sn, cs);
+            rope_sincos((double)pre.p[k], pre.f[k], sn, cs);
             roped[k] = rope_rotate(x0, x1, sn, cs, second);
         }
         if (r.out) *(float*)(r.out + j * (i64)sizeof(float)) = roped[k];
@@ -98,16 +134,20 @@ __device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* 
         for (int q = 0; q < SIB_ROPES; ++q)
             if (w.rope == q) y = roped[q];
         const int c = (int)u % (int)w.ne0, h = (int)u / (int)w.ne0;
-        const int i1 = h / (int)w.div[0] % (int)w.ne[0], i2 = h / (int)w.div[1] % (int)w.ne[1],
-                  i3 = h / (int)w.div[2] % (int)w.ne[2];
-        i64 row = i1;
-        if (w.idx) {
-            row = *(const int*)(w.idx + i1 * w.inb[0] + (i2 % (int)w.ine[0]) * w.inb[1] + (i3 % (int)w.ine[1]) * w.inb[2]);
-            if (row < 0 || row >= w.nrows) {
-                report_error(e.err, (int)e.code);
-                continue;
-            }
+        const int i2 = h / (int)w.div[1] % (int)w.ne[1], i3 = h / (int)w.div[2] % (int)w.ne[2];
+        const i64 row = pre.row[k];
+        if (w.idx && (row < 0 || row >= w.nrows)) {
+            report_error(e.err, (int)e.code);
+            continue;
         }
         st_dt(w.dst + c * w.nb[0] + row * w.nb[1] + i2 * w.nb[2] + i3 * w.nb[3], y, (int)w.dt);
     }
+}
+
+// Both at once (loads at the end of the block).
+__device__ __forceinline__ void sib_epilogue(const SibEpi& e, int member, char* raw, i64 m, float v, float x0,
+                                             float x1, bool second) {
+    SibPre pre;
+    sib_epi_load(e, member, m, pre);
+    sib_epilogue(e, pre, member, raw, m, v, x0, x1, second);
 }

@@ -22,6 +22,9 @@
 // them), the `_narrow` build 2 (short rows have few blocks to lose); the host picks per step.
 // `early` (host: launch.early_loads): the first batch of weight loads before the wait for the
 // kernel before, as mul_mat.cu's mat-vecs (bit-identical values either way).
+// The epilogue's inputs (position, frequencies, cache rows: sib_epi_load) are requested before the
+// block's barrier, while the other warps finish their sums (0.2-0.6 us of the 8-row F16 QKV step
+// of bench_forms' llama.cpp forms, H200).
 // SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_EPI_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES
 // come from the host (families/siblings.py, as -D).
 #include "epilogue.cuh"
@@ -84,15 +87,17 @@ __device__ __forceinline__ SibRows sib_rows(const SibPick& p, const SibEpi* epi)
 }
 
 // Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read).
-template <class TA, int ACT, int R, bool EPI = false>
-__device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre, const SibEpi* epi = nullptr) {
+// Not in the epilogue builds (the stacked norm_epi mat-vec of mul_mat.cu never had one either):
+// with it bench_forms' llama.cpp form took 77.7 us, without 72.4, and decode tokens of model files
+// measured level (H200, docs/performance.md, twenty-fifth session).
+template <class TA, int ACT, int R>
+__device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre) {
     if (!pre) return;
     constexpr int W = ACT ? 2 : 1;
     const SibPick p = sib_pick(s, R);
-    const SibRows l = sib_rows<R, EPI>(p, epi);
     const i64 bytes = s.K * (i64)sizeof(TA);
     for (int rr = 0; rr < R && p.m0 + rr < p.rows; ++rr) {
-        gg_l2_prefetch(p.a + l.row(rr) * p.nb1, bytes);
+        gg_l2_prefetch(p.a + (p.m0 + rr) * p.nb1, bytes);
         if (W == 2) gg_l2_prefetch(s.m[1].a + (p.m0 + rr) * s.m[1].nb1, bytes);
     }
 }
@@ -187,6 +192,9 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
             for (int rr = 0; rr < R; ++rr) part[w * R + rr][threadIdx.x >> 5] = acc[w][rr];
         if constexpr (NORM) part[W * R][threadIdx.x >> 5] = ss;
     }
+    SibPre pre;  // (EPI) requested while the other warps finish, as mul_mat.cu's MvPre
+    if constexpr (EPI)
+        if ((int)threadIdx.x < nrows) sib_epi_load(*epi, p.member, l.row(threadIdx.x), pre);
     __syncthreads();
     if ((int)threadIdx.x < nrows) {  // thread rr writes row m0 + rr
         const int rr = threadIdx.x, warps = nt >> 5;
@@ -208,7 +216,7 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
             float o = 0.0f;
             for (int i = 0; i < warps; ++i) o += part[partner][i];
             o *= scale;
-            sib_epilogue(*epi, p.member, p.out ? p.out + m * (i64)sizeof(float) : nullptr, m, y, second ? o : y,
+            sib_epilogue(*epi, pre, p.member, p.out ? p.out + m * (i64)sizeof(float) : nullptr, m, y, second ? o : y,
                          second ? y : o, second);
             return;
         }
@@ -229,8 +237,7 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
 #define GG_SIB_EPI(TA, SA, NORM, NAME, R, WIDTH)                                                          \
     extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
         mul_mat_sib##NAME##_epi_##SA##_f32##WIDTH(SibSet s, const char* x, const char* nw, float eps,     \
-                                                  int pre, SibEpi epi, int early) {                       \
-        sib_l2_prefetch<TA, SIB_NONE, R, true>(s, pre, &epi);                                            \
+                                                  SibEpi epi, int early) {                                \
         sib_impl<TA, NORM, SIB_NONE, R, true>(s, x, nw, eps, early, &epi);                               \
     }
 
