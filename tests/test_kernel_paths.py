@@ -231,21 +231,31 @@ def test_every_kernel_waits_for_its_predecessor_first():
 
 @cuda
 def test_l2_prefetch_changes_nothing(monkeypatch):
-    """The wide mat-vec and the fast flash builds prefetch into L2 before their wait: the results
-    are bit-identical with the prefetch off (launch.L2_PREFETCH), GQA and several tokens included."""
+    """The fast flash builds, and where switched on the wide mat-vec and the sibling mat-vecs,
+    prefetch into L2 before their wait: the results are bit-identical with the prefetch off
+    (launch.L2_PREFETCH), GQA and several tokens included."""
     from gg.backends.cuda import launch
+    from gg.backends.cuda.families import matmul, siblings
     from test_flash import Case, compute
     outs = []
     for on in (True, False):
         monkeypatch.setattr(launch, "L2_PREFETCH", on)
+        monkeypatch.setattr(matmul, "MMVW_L2_PREFETCH", on)
+        monkeypatch.setattr(siblings, "L2_PREFETCH", on)
         case = Case(128, 1000, 8, 2, 2, n_ctx=1024, seed=5)
         _, out = compute(case)
         ctx = gg.Context()
         rng = np.random.default_rng(6)
         w, x = ctx.tensor(rand(rng, 4100, 4096, dtype=np.float16)), ctx.tensor(rand(rng, 4096))
         y = gg.mul_mat(w, x)
-        gg.build_forward(y, backends=("cuda",)).compute()
-        outs.append((out.numpy(), y.numpy()))
+        # two products of one x: a sibling step (mul_mat_sib_*)
+        wg, wu, x2 = (ctx.tensor(rand(rng, 1030, 2048, dtype=np.float16)),
+                      ctx.tensor(rand(rng, 1030, 2048, dtype=np.float16)), ctx.tensor(rand(rng, 2048)))
+        g, u = gg.mul_mat(wg, x2), gg.mul_mat(wu, x2)
+        plan = gg.build_forward(y, g, u, backends=("cuda",))
+        assert any(s.kernel.startswith("mul_mat_sib_") for s in plan.plan.steps)
+        plan.compute()
+        outs.append((out.numpy(), y.numpy(), g.numpy(), u.numpy()))
     for a, b in zip(*outs):
         assert np.array_equal(a, b)
 

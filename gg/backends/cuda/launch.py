@@ -106,7 +106,9 @@ def error_code(rt, what: str) -> int:
 
 # The wide mat-vec and the fast flash builds ask L2 for the bytes they will read before they wait
 # for their predecessor (common.cuh gg_l2_prefetch). Decode on the H100: 85.2 -> 83.8 us with
-# both; the flash's alone 85.1 -> 84.1, the mat-vec's alone 0 to 0.4 us.
+# both; the flash's alone 85.1 -> 84.1, the mat-vec's alone 0 to 0.4 us. On the H200 the mat-vecs'
+# prefetches cost model tokens more than they saved (matmul.MMVW_L2_PREFETCH, siblings.L2_PREFETCH:
+# off since the twenty-fifth session); the flash builds keep theirs. False: none at all.
 L2_PREFETCH = True
 # The streaming quantized mat-vec copies its first chunk of weights no step writes into shared
 # memory before that wait (kernels/quant.cu mvs_impl), and, when the next step is one too, lets it

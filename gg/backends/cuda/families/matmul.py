@@ -34,6 +34,11 @@ MMVW_THREADS = 256       # threads per row of the wide mat-vec (a block per row)
 # 16-byte loads of a row a thread of it issues before using them: with the first load issued before
 # the wait (launch.EARLY_FLOAT_LOADS) one beats two on the H200 (8B F16 token 721.5 -> 703.7 us)
 MMVW_BATCH = 1
+# The wide mat-vec's L2 prefetch of its row before the wait (kernels/mul_mat.cu, launch.L2_PREFETCH):
+# off. On the H200 it cost a 4-layer 8B-dims F16 token 6.5 us (654.9 -> 648.5 us without, the
+# sibling builds' prefetch on in both), while the attention-only forms lost ~1 us without it
+# (bench_forms; docs/performance.md, twenty-fifth session). True: as before (A/B).
+MMVW_L2_PREFETCH = False
 # weight rows per block of the normalizing mat-vec (its MMVW_THREADS build: narrow ones take
 # MMVW_SHORT_ROWS) and of its epilogue builds (even: a rope pair is two rows of one block; the
 # MMVW_THREADS build takes MMVW_EPI_ROWS, the narrower ones MMVW_EPI_NARROW_ROWS). Each block
@@ -464,7 +469,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     else:
         args.none()
     if k.wide:
-        args.i32(int(launch.L2_PREFETCH and batches == 1))  # the weight row into L2 before the wait
+        # the weight row into L2 before the wait (MMVW_L2_PREFETCH: off)
+        args.i32(int(launch.L2_PREFETCH and MMVW_L2_PREFETCH and batches == 1))
         args.i32(launch.early_loads(step, a))  # ... and its first loads into registers
         return [Launch(rt, k.file, k.symbol, (out.ne[0], batches, 1), (MMVW_THREADS, 1, 1), args, what=what)]
     args.i32(int(k.vec)).i32(launch.early_loads(step, a))

@@ -35,6 +35,13 @@ THREADS = 256      # most threads per block
 EPI_ROWS = 8
 EPI_NARROW_ROWS = 2
 BATCH = 2          # 16-byte weight loads per row a thread issues before using them
+# The 2-row builds' L2 prefetch of their weight rows before the wait (kernels/siblings.cu
+# sib_l2_prefetch, launch.L2_PREFETCH; the epilogue builds have none): off. On the H200 it cost a
+# 4-layer 8B-dims F16 token 31.6 us (655.0 -> 623.4 us without: its gate/up step prefetches 224 MiB
+# that the same blocks load right after); with the wide mat-vec's off too (matmul.MMVW_L2_PREFETCH)
+# 655.0 -> 615.3 us, and the SmolLM2-dims token 519.8 -> 510.8 (docs/performance.md, twenty-fifth
+# session). True: as before (A/B).
+L2_PREFETCH = False
 PROLOGUE = ("rms_norm", "mul")
 ACTIVATIONS = ("silu", "gelu")
 # Quantized weights with the norm prologue: every block of mul_mat_sibq_norm_* reads the norm's
@@ -212,7 +219,7 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     else:
         args = Args().words(*words).ptr(addr(step.srcs(prods[0])[1])).ptr(0).f32(0.0)
     if not k.quant and not isinstance(k, SibEpilogue):  # the others prefetch nothing (kernels/siblings.cu
-        args.i32(int(launch.L2_PREFETCH))                 # sib_l2_prefetch; quant.cu's copies are in flight at once)
+        args.i32(int(launch.L2_PREFETCH and L2_PREFETCH))  # sib_l2_prefetch; quant.cu's copies are in flight at once)
     if isinstance(k, SibEpilogue):
         _epi_args(rt, step, k, args, what)
     mats = [step.srcs(mm)[0] for mm in prods]  # ... which either kind may start before its wait

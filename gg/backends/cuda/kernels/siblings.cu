@@ -86,10 +86,11 @@ __device__ __forceinline__ SibRows sib_rows(const SibPick& p, const SibEpi* epi)
     return l;
 }
 
-// Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read).
+// Before the wait for the predecessor: the block's weight rows into L2 (nothing else is read),
+// where the host asks for it (siblings.L2_PREFETCH: off since it measured slower on the H200).
 // Not in the epilogue builds (the stacked norm_epi mat-vec of mul_mat.cu never had one either):
-// with it bench_forms' llama.cpp form took 77.7 us, without 72.4, and decode tokens of model files
-// measured level (H200, docs/performance.md, twenty-fifth session).
+// with it bench_forms' llama.cpp form took 77.7 us, without 72.4 (docs/performance.md,
+// twenty-fifth session).
 template <class TA, int ACT, int R>
 __device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre) {
     if (!pre) return;
