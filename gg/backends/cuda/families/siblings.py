@@ -218,10 +218,10 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         args = Args().words(*words).ptr(addr(x)).ptr(addr(w)).f32(eps)
     else:
         args = Args().words(*words).ptr(addr(step.srcs(prods[0])[1])).ptr(0).f32(0.0)
-    if not k.quant and not isinstance(k, SibEpilogue):  # the others prefetch nothing (kernels/siblings.cu
-        args.i32(int(launch.L2_PREFETCH and L2_PREFETCH))  # sib_l2_prefetch; quant.cu's copies are in flight at once)
     if isinstance(k, SibEpilogue):
         _epi_args(rt, step, k, args, what)
+    elif not k.quant:  # the 2-row builds' prefetch flag (quant.cu's copies are in flight at once)
+        args.i32(int(launch.L2_PREFETCH and L2_PREFETCH))
     mats = [step.srcs(mm)[0] for mm in prods]  # ... which either kind may start before its wait
     args.i32(blocks.early_flag(step, *mats, matvec=True) if k.quant else launch.early_loads(step, *mats))
     return [Launch(rt, k.file, k.symbol, (sum(nblocks), 1, 1), (k.threads, 1, 1), args, what=what)]
