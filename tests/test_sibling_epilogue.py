@@ -182,6 +182,18 @@ def test_not_without_fusion_or_the_declared_ops(rng, monkeypatch):
     assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope",), ("cpy",), ("cpy",), ("rope",), ("scale",)]
 
 
+def test_more_products_than_the_epilogue_builds_take_keep_their_epilogue_ops_as_steps(rng, monkeypatch):
+    """The float epilogue builds have siblings.EPI_MAX_MEMBERS member slots (SIB_EPI_MAX): a step of
+    more products keeps the plain sibling build, its ropes and writes steps of their own."""
+    monkeypatch.setattr(siblings, "EPI_MAX_MEMBERS", 3)
+    g, _ = _block(gg.Context(), rng)
+    assert _epi_step(g.plan).kernel == "mul_mat_sib_norm_epi_f16_f32_narrow"
+    monkeypatch.setattr(siblings, "EPI_MAX_MEMBERS", 2)
+    g, _ = _block(gg.Context(), rng)
+    assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope",), ("cpy",), ("cpy",), ("rope",), ("scale",)]
+    assert g.plan.steps[0].kernel == "mul_mat_sib_norm_f16_f32"
+
+
 def test_rope_read_before_its_write_is_stored(rng):
     """A node reading the roped k sits between the rope and the K write: the writes and rope(q)
     move up past it (it reads only the roped k, which the step now stores for it)."""

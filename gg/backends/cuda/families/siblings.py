@@ -25,6 +25,11 @@ from . import rope as rope_family
 from .common import FLOAT_NAMES, FLOATS, GRID_X_MAX, Kernel, Srcs, Variant, code, node_srcs, rows_aligned
 
 MAX_MEMBERS = 8    # products one step computes (kernels/siblings.cu SIB_MAX)
+# ... of float weights with the epilogue (SIB_EPI_MAX): a QKV is 3; fewer slots are fewer
+# parameter words and member checks before the first weight load (H200: bench_forms' llama.cpp
+# forms 0.2-0.7 us faster than with 8; docs/performance.md, twenty-sixth session). More products
+# keep their epilogue ops as steps of their own.
+EPI_MAX_MEMBERS = 4
 ROWS = 2           # weight rows per block: each x (and norm weight) element loaded serves both
 ACT_ROWS = 2       # SwiGLU: rows of each of the gate and up weights per block (H200: 2 beats 1)
 THREADS = 256      # most threads per block
@@ -53,8 +58,9 @@ ACTIVATIONS = ("silu", "gelu")
 # took 511.3 us with the norm in gate/up (29 MB re-read) and the head (50 MB), 475.3 with none.
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
 _EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
-DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_ROWS": ROWS, "SIB_ACT_ROWS": ACT_ROWS, "SIB_EPI_ROWS": EPI_ROWS,
-                           "SIB_THREADS": THREADS, "SIB_BATCH": BATCH, **_EPI_DEFINES},
+DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_EPI_MAX": EPI_MAX_MEMBERS, "SIB_ROWS": ROWS,
+                           "SIB_ACT_ROWS": ACT_ROWS, "SIB_EPI_ROWS": EPI_ROWS, "SIB_THREADS": THREADS,
+                           "SIB_BATCH": BATCH, **_EPI_DEFINES},
            "quant.cu": _EPI_DEFINES}
 
 
@@ -211,7 +217,8 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         out = (addr(step.out) if j == 0 else 0) if k.act else addr(mm) if mm in step.outs else 0
         words += [addr(a), a.nb[1], out, mm.ne[0], block0]
         block0 += nblocks[j] if j < len(nblocks) else 0
-    words += [0] * 5 * ((blocks.SIB_MAX if k.quant else MAX_MEMBERS) - len(prods))
+    slots = blocks.SIB_MAX if k.quant else EPI_MAX_MEMBERS if isinstance(k, SibEpilogue) else MAX_MEMBERS
+    words += [0] * 5 * (slots - len(prods))
     if k.norm:
         rn, mul = step.nodes[0], step.nodes[1]
         x, w, eps = step.srcs(rn)[0], step.srcs(mul)[1], rn.params.eps
@@ -366,6 +373,8 @@ def _with_epilogue(k: Siblings, prods: Sequence[Tensor], tail: Sequence[Tensor],
         return None  # (the streaming build has no epilogue)
     if k.quant:
         return _epilogue_of(k, k.per, "", prods, tail, srcs) if QUANT_EPILOGUE else None
+    if len(prods) > EPI_MAX_MEMBERS:
+        return None
     wide = k.threads >= THREADS and EPI_ROWS != EPI_NARROW_ROWS
     return ((_epilogue_of(k, EPI_ROWS, "", prods, tail, srcs) if wide else None)
             or _epilogue_of(k, EPI_NARROW_ROWS, "_narrow", prods, tail, srcs))

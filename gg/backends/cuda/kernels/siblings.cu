@@ -25,8 +25,8 @@
 // The epilogue's inputs (position, frequencies, cache rows: sib_epi_load) are requested before the
 // block's barrier, while the other warps finish their sums (0.2-0.6 us of the 8-row F16 QKV step
 // of bench_forms' llama.cpp forms, H200).
-// SIB_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_EPI_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and SIB_WRITES
-// come from the host (families/siblings.py, as -D).
+// SIB_MAX, SIB_EPI_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_EPI_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and
+// SIB_WRITES come from the host (families/siblings.py, as -D).
 #include "epilogue.cuh"
 
 // All fields 8 bytes: the host packs the set as words.
@@ -37,10 +37,14 @@ struct SibMember {
     i64 rows;
     i64 block0;      // this product's first block
 };
-struct SibSet {
+// N member slots: SIB_MAX for the plain builds, SIB_EPI_MAX for the epilogue builds (a QKV is 3
+// products; every slot is a step of sib_pick and five parameter words before the first load).
+template <int N> struct SibSetN {
     i64 n, K;
-    SibMember m[SIB_MAX];
+    SibMember m[N];
 };
+using SibSet = SibSetN<SIB_MAX>;
+using SibEpiSet = SibSetN<SIB_EPI_MAX>;
 
 enum { SIB_NONE = 0, SIB_SILU = 1, SIB_GELU = 2 };
 
@@ -58,11 +62,11 @@ struct SibPick {
     char* out;
     int member;
 };
-__device__ __forceinline__ SibPick sib_pick(const SibSet& s, int per_block) {
+template <int N> __device__ __forceinline__ SibPick sib_pick(const SibSetN<N>& s, int per_block) {
     SibPick p{s.m[0].a, s.m[0].nb1, s.m[0].rows, 0, s.m[0].out, 0};
     i64 b0 = 0;
 #pragma unroll
-    for (int i = 1; i < SIB_MAX; ++i) {
+    for (int i = 1; i < N; ++i) {
         if (i < s.n && (i64)blockIdx.x >= s.m[i].block0) {
             p = SibPick{s.m[i].a, s.m[i].nb1, s.m[i].rows, 0, s.m[i].out, i};
             b0 = s.m[i].block0;
@@ -107,8 +111,8 @@ __device__ __forceinline__ void sib_l2_prefetch(const SibSet& s, int pre) {
 __host__ __device__ constexpr int sib_plain_rows(int act) { return act ? SIB_ACT_ROWS : SIB_ROWS; }
 
 // R: rows of each weight matrix a block reads.
-template <class TA, bool NORM, int ACT, int R, bool EPI = false>
-__device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const char* nw, float eps, int early,
+template <class TA, bool NORM, int ACT, int R, bool EPI = false, int N>
+__device__ __forceinline__ void sib_impl(const SibSetN<N>& s, const char* x, const char* nw, float eps, int early,
                                          const SibEpi* epi = nullptr) {
     static_assert(!EPI || (ACT == SIB_NONE && R % 2 == 0), "the epilogue ropes pairs of the block's rows");
     constexpr int G = 16 / (int)sizeof(TA);  // elements per 16-byte load of the weights
@@ -237,7 +241,7 @@ __device__ __forceinline__ void sib_impl(const SibSet& s, const char* x, const c
 // With the epilogue (no activation), R rows a block: see EPI above.
 #define GG_SIB_EPI(TA, SA, NORM, NAME, R, WIDTH)                                                          \
     extern "C" __global__ void __launch_bounds__(SIB_THREADS)                                            \
-        mul_mat_sib##NAME##_epi_##SA##_f32##WIDTH(SibSet s, const char* x, const char* nw, float eps,     \
+        mul_mat_sib##NAME##_epi_##SA##_f32##WIDTH(SibEpiSet s, const char* x, const char* nw, float eps,  \
                                                   SibEpi epi, int early) {                                \
         sib_impl<TA, NORM, SIB_NONE, R, true>(s, x, nw, eps, early, &epi);                               \
     }
