@@ -83,7 +83,11 @@ def test_smollm2_tokens_match_transformers():
         encode = lambda s: ref(s)["input_ids"]  # noqa: E731
     except ImportError:
         # without torch: the same converter AutoTokenizer runs, fed the file's metadata directly
-        from transformers.integrations.gguf import gguf_tokenizer_mapping as tm
+        # (integrations.gguf since transformers 5.x's later releases, integrations.ggml before)
+        try:
+            from transformers.integrations.gguf import gguf_tokenizer_mapping as tm
+        except ImportError:
+            from transformers.integrations import ggml as tm
         d = {name: f.get("tokenizer." + key) for key, name in tm.GGUF_TOKENIZER_MAPPING["tokenizer"].items()
              if f.get("tokenizer." + key) is not None}
         backend, _ = tm.convert_gguf_tokenizer(f.arch, d)
