@@ -236,6 +236,89 @@ def test_streaming_matvec_chunks_in_turn(dt, k, parts, rng, monkeypatch):
         assert nmse(y.numpy().reshape(-1), w.numpy().astype(np.float64) @ xa.astype(np.float64)) <= NMSE_QUANT_ACTIVATIONS
 
 
+@pytest.mark.parametrize("rows,k,act,norm,groups,R,slots,grid", [
+    (4096, 14336, False, False, 2, 16, 1, 512),    # 8B down: 256 row blocks x 4 parts -> 128 x 4
+    (14336, 4096, True, False, 3, 16, 1, 598),     # 8B gate/up: 1792 row blocks of 8 outputs, by 3
+    (6144, 4096, False, True, 2, 16, 1, 384),      # with the norm: no grouped build
+    (3000, 4096, False, False, 2, 8, 1, 375),      # R 8: no grouped build
+    (49152, 576, False, False, 2, 16, 7, 439)])    # short rows side by side: no grouped build
+def test_streaming_groups_only_where_the_grouped_builds_apply(rows, k, act, norm, groups, R, slots, grid, monkeypatch):
+    """blocks.MVS_GROUPS > 1: R = MVS_GROUPED_ROWS rows of a chunk or more without the norm take the
+    grouped build (mul_mat_vecs16g_* / mul_mat_sibs16g_*), a block per `groups` row blocks (per part),
+    two stages; the tickets stay one per row block."""
+    monkeypatch.setattr(blocks, "MVS_GROUPS", groups)
+    v = blocks.vecs(gg.Q4_0, rows, k, act=act, norm=norm)
+    grouped = R == blocks.MVS_GROUPED_ROWS and slots == 1 and not norm
+    assert (v.R, v.slots, v.groups) == (R, slots, groups if grouped else 1)
+    (gx, _, _), _, smem = v.launch(gg.Q4_0)
+    assert gx == grid and gx == -(-v.row_blocks // v.groups) * v.parts
+    pitch = (v.tpr * gg.Q4_0.size + 31) // 16 * 16
+    if grouped:
+        assert smem == 2 * R * pitch and v.table == (4 * v.row_blocks if v.parts > 1 else 0)
+    name = blocks.sibs_name(gg.Q4_0, R, "silu", norm, v.groups) if act else blocks.vecs_name(gg.Q4_0, R, norm, v.groups)
+    assert ("16g_" in name) == grouped
+
+
+@pytest.mark.compile_all
+def test_grouped_streaming_launches_fit_their_kernels(rng, monkeypatch):
+    """The grouped builds' packed arguments (the `groups` count after the pdl flags) match their CUBIN
+    signatures: the product with the residual, and the SwiGLU step (NVRTC, no GPU)."""
+    from test_kernel_contract import _lowered, mismatch
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(blocks, "MVS_GROUPS", 2)
+    graphs = []
+    for dt in blocks.STREAM_TYPES:
+        ctx = gg.Context()
+        w, u = random_weights(rng, dt, 4500, 4096, ctx), random_weights(rng, dt, 4500, 4096, ctx)
+        x = ctx.tensor(rng.standard_normal(4096).astype(np.float32))
+        r = ctx.tensor(rng.standard_normal(4500).astype(np.float32))
+        graphs += [gg.build_forward(gg.add(gg.mul_mat(w, x), r), backends=("cuda",)),
+                   gg.build_forward(gg.mul(gg.silu(gg.mul_mat(w, x)), gg.mul_mat(u, x)), backends=("cuda",))]
+    rt, records = _lowered(graphs)
+    assert sorted({rec.name.split("_")[2] for rec in records}) == ["sibs16g", "vecs16g"]
+    assert not [m for rec in records if (m := mismatch(rt, rec))]
+
+
+GROUPED_CASES = [(4500, 14336, 0, 2), (4490, 4128, 1, 3), (2100, 4352, 0, 5)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt,rows,k,lo,groups", [(dt, *c) for dt in blocks.STREAM_TYPES for c in GROUPED_CASES
+                                                 if c[1] % dt.block_size == 0])
+def test_grouped_streaming_equals_the_one_group_blocks(dt, rows, k, lo, groups, rng, monkeypatch):
+    """The grouped builds (blocks.MVS_GROUPS) give the same bits as the one-group blocks: a product
+    with the residual and the SwiGLU step, in 4 K parts (K = 14336) or 2 (4128, 4352); rows off a
+    16-byte boundary (K = 4128 rows from row 1, Q6_K's 4352: the 16-byte copies and each group's
+    offsets); a partial last row group and a last block of fewer groups (281 row blocks by 3, 132
+    by 5); twice with new x (the parts' tickets reset); right against float64."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    ctx = gg.Context()
+    w_all = random_weights(rng, dt, rows + lo, k, ctx)
+    w = gg.view_2d(w_all, k, rows, w_all.nb[1], lo * w_all.nb[1])
+    u = random_weights(rng, dt, rows, k, ctx)
+    xt = ctx.tensor(rng.standard_normal(k).astype(np.float32))
+    ra = rng.standard_normal(rows).astype(np.float32)
+    outs = [gg.add(gg.mul_mat(w, xt), ctx.tensor(ra)), gg.mul(gg.silu(gg.mul_mat(w, xt)), gg.mul_mat(u, xt))]
+    xs = [rng.standard_normal(k).astype(np.float32) for _ in range(2)]
+    got = {}
+    for gs in (1, groups):
+        monkeypatch.setattr(blocks, "MVS_GROUPS", gs)
+        plans = [gg.build_forward(o, backends=("cuda",)) for o in outs]
+        assert [p.plan.steps[-1].choice.vecs.groups for p in plans] == [gs, gs], [str(p.plan) for p in plans]
+        got[gs] = []
+        for xa in xs:
+            xt.set(xa)
+            for p, o in zip(plans, outs):
+                p.compute()
+                got[gs].append(o.numpy().copy())
+    for a, b in zip(got[1], got[groups]):
+        np.testing.assert_array_equal(a, b)
+    x64 = xs[1].astype(np.float64)
+    g64, u64 = w_all.numpy()[lo:].astype(np.float64) @ x64, u.numpy().astype(np.float64) @ x64
+    assert nmse(got[groups][2].reshape(-1), g64 + ra) <= NMSE_QUANT_ACTIVATIONS
+    assert nmse(got[groups][3].reshape(-1), g64 / (1 + np.exp(-g64)) * u64) <= 4 * NMSE_QUANT_ACTIVATIONS
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt", [gg.Q4_0, gg.Q8_0])
 def test_streaming_parts_meet_with_either_ticket(dt, rng, monkeypatch):
