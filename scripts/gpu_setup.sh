@@ -9,6 +9,8 @@
 #   bash scripts/gpu_setup.sh [REV for .ab/old, default main]
 set -eu
 cd "$(dirname "$0")/.."
+# the pack's NVRTC venv sees this Python's packages: without cuda-bindings it compiles nothing
+python3 -c "import cuda.bindings" 2> /dev/null || { echo "gpu_setup: pip install -e '.[test]' first (cuda-bindings)"; exit 1; }
 mkdir -p .git/info; grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.anchors/\n/.ab/\n' >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
