@@ -255,7 +255,8 @@ def test_streaming_groups_only_where_the_grouped_builds_apply(rows, k, act, norm
     pitch = (v.tpr * gg.Q4_0.size + 31) // 16 * 16
     if grouped:
         assert smem == 2 * R * pitch and v.table == (4 * v.row_blocks if v.parts > 1 else 0)
-    name = blocks.sibs_name(gg.Q4_0, R, "silu", norm, v.groups) if act else blocks.vecs_name(gg.Q4_0, R, norm, v.groups)
+    g = v.groups > 1
+    name = blocks.sibs_name(gg.Q4_0, R, "silu", norm, g) if act else blocks.vecs_name(gg.Q4_0, R, norm, g)
     assert ("16g_" in name) == grouped
 
 

@@ -173,7 +173,7 @@ def matvec1(a: Tensor) -> tuple[str, "Vecs | None"]:
     geometry, or mul_mat_vec1_* (with int8 activations for QX_TYPES) and None."""
     if streams(a):
         s = vecs(a.dtype, a.ne[1], a.ne[0])
-        return vecs_name(a.dtype, s.R, groups=s.groups), s
+        return vecs_name(a.dtype, s.R, grouped=s.groups > 1), s
     return f"mul_mat_vec1_{a.dtype.name}_f32{qx(a.dtype)}", None
 
 
@@ -182,21 +182,21 @@ def matvec1_symbol(a: Tensor) -> str:
     return matvec1(a)[0]
 
 
-def vecs_name(dtype: DType, R: int, norm: bool = False, groups: int = 1) -> str:
+def vecs_name(dtype: DType, R: int, norm: bool = False, grouped: bool = False) -> str:
     """The streaming build of R rows a group (mul_mat_vecs<R>[_norm]_*; norm: x normalized on the
-    way in; groups > 1: the grouped build, mul_mat_vecs<R>g_*)."""
-    return f"mul_mat_vecs{R}{'g' if groups > 1 else ''}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
+    way in; grouped: the grouped build, mul_mat_vecs<R>g_*)."""
+    return f"mul_mat_vecs{R}{'g' if grouped else ''}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
 
 
-def sibs_name(dtype: DType, R: int, act: str, norm: bool = False, groups: int = 1) -> str:
+def sibs_name(dtype: DType, R: int, act: str, norm: bool = False, grouped: bool = False) -> str:
     """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>[g][_norm]_<act>_*)."""
-    return f"mul_mat_sibs{R}{'g' if groups > 1 else ''}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
+    return f"mul_mat_sibs{R}{'g' if grouped else ''}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
 
 
 def sibs_symbol(gate: Tensor, act: str, norm: bool = False) -> str:
     """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
     v = vecs(gate.dtype, gate.ne[1], gate.ne[0], act=True, norm=norm)
-    return sibs_name(gate.dtype, v.R, act, norm, v.groups)
+    return sibs_name(gate.dtype, v.R, act, norm, v.groups > 1)
 
 
 @dataclass(frozen=True)
@@ -313,8 +313,8 @@ def variants() -> list[Variant]:
     v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in (False, True)]
     v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in STREAM_TYPES for r in MVS_ROWS
           for act in ("silu", "gelu") for norm in (False, True)]
-    v += [Variant("quant.cu", name) for t in STREAM_TYPES for name in (vecs_name(t, MVS_GROUPED_ROWS, groups=2),
-          *(sibs_name(t, MVS_GROUPED_ROWS, act, groups=2) for act in ("silu", "gelu")))]
+    v += [Variant("quant.cu", name) for t in STREAM_TYPES for name in (vecs_name(t, MVS_GROUPED_ROWS, grouped=True),
+          *(sibs_name(t, MVS_GROUPED_ROWS, act, grouped=True) for act in ("silu", "gelu")))]
     return v
 
 
