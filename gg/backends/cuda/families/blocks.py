@@ -99,15 +99,6 @@ MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MV
 # (H200, SmolLM2 token loops: Q8_0 641.3 us against 693.7, Q4_1 658.2 against 674.0)
 EARLY_MATVEC = True
 MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a part
-# > 1: a block of the streaming builds takes that many row groups in turn (the grouped builds,
-# mul_mat_vecs<R>g_* / mul_mat_sibs<R>g_*, R = MVS_GROUPED_ROWS, rows of a chunk or more, no norm),
-# copying the next group's chunk while it multiplies and reduces the one before: in the one-group
-# blocks every block of a wave loads, then computes, with nothing in flight (an 8B-dims Q4_0 down
-# projection at 2.0 TB/s, half the roof; docs/performance.md, twenty-sixth session). 1: off.
-# Written in the twenty-sixth session without a GPU: not yet run on one (A/B: --const
-# blocks.MVS_GROUPS=2).
-MVS_GROUPS = 1
-MVS_GROUPED_ROWS = 16
 # Matrices of fewer elements keep mul_mat_vec1: a SmolLM2-135M-dims Q4_1 token (576-wide, 0.9M
 # elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
 # dims (4M-59M) gain (docs/performance.md).
@@ -120,7 +111,6 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
-                        "QUANT_MVS_GROUPED_ROWS": MVS_GROUPED_ROWS,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 
@@ -173,7 +163,7 @@ def matvec1(a: Tensor) -> tuple[str, "Vecs | None"]:
     geometry, or mul_mat_vec1_* (with int8 activations for QX_TYPES) and None."""
     if streams(a):
         s = vecs(a.dtype, a.ne[1], a.ne[0])
-        return vecs_name(a.dtype, s.R, grouped=s.groups > 1), s
+        return vecs_name(a.dtype, s.R), s
     return f"mul_mat_vec1_{a.dtype.name}_f32{qx(a.dtype)}", None
 
 
@@ -182,21 +172,20 @@ def matvec1_symbol(a: Tensor) -> str:
     return matvec1(a)[0]
 
 
-def vecs_name(dtype: DType, R: int, norm: bool = False, grouped: bool = False) -> str:
+def vecs_name(dtype: DType, R: int, norm: bool = False) -> str:
     """The streaming build of R rows a group (mul_mat_vecs<R>[_norm]_*; norm: x normalized on the
-    way in; grouped: the grouped build, mul_mat_vecs<R>g_*)."""
-    return f"mul_mat_vecs{R}{'g' if grouped else ''}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
+    way in)."""
+    return f"mul_mat_vecs{R}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
 
 
-def sibs_name(dtype: DType, R: int, act: str, norm: bool = False, grouped: bool = False) -> str:
-    """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>[g][_norm]_<act>_*)."""
-    return f"mul_mat_sibs{R}{'g' if grouped else ''}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
+def sibs_name(dtype: DType, R: int, act: str, norm: bool = False) -> str:
+    """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>[_norm]_<act>_*)."""
+    return f"mul_mat_sibs{R}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
 
 
 def sibs_symbol(gate: Tensor, act: str, norm: bool = False) -> str:
     """The streaming SwiGLU / GeGLU sibling step for gate (and up) weights like `gate`."""
-    v = vecs(gate.dtype, gate.ne[1], gate.ne[0], act=True, norm=norm)
-    return sibs_name(gate.dtype, v.R, act, norm, v.groups > 1)
+    return sibs_name(gate.dtype, vecs(gate.dtype, gate.ne[1], gate.ne[0], act=True, norm=norm).R, act, norm)
 
 
 @dataclass(frozen=True)
@@ -217,7 +206,6 @@ class Vecs:
     weight_rows: int  # act: gate's and up's
     act: bool
     norm: bool = False  # x normalized on the way in (rms_norm(x) * w): a part's sum(x^2) follows its sums
-    groups: int = 1  # > 1: row blocks a block takes in turn (the grouped builds, MVS_GROUPS)
 
     @property
     def out_per_block(self) -> int:
@@ -243,10 +231,10 @@ class Vecs:
         of slots * R rows, each row's chunk padded by 16 bytes for rows that start off a 16-byte
         boundary; at least the R * MVS_THREADS partial sums of the short-row reduction."""
         ipb = items_per_block(dtype)
-        stages = 1 if self.per * ipb <= self.tpr and self.groups == 1 else 2
+        stages = 1 if self.per * ipb <= self.tpr else 2
         pitch = (self.tpr // ipb * dtype.size + 31) // 16 * 16
         smem = max(stages * self.slots * self.R * pitch, 4 * self.R * MVS_THREADS if self.slots > 1 else 0)
-        return (-(-self.row_blocks // self.groups) * self.parts, 1, 1), (MVS_THREADS, 1, 1), smem
+        return (self.row_blocks * self.parts, 1, 1), (MVS_THREADS, 1, 1), smem
 
 
 def items_per_block(dtype: DType) -> int:
@@ -272,8 +260,7 @@ def vecs(dtype: DType, n_rows: int, ne0: int, act: bool = False, norm: bool = Fa
     tpr = max(1, min(MVS_THREADS, per * items_per_block(dtype)))
     slots = min(MVS_SLOTS, MVS_THREADS // tpr)
     R = next((r for r in MVS_ROWS if -(-rows // (r * slots)) * parts >= MVS_MIN_BLOCKS), MVS_ROWS[-1])
-    groups = MVS_GROUPS if R == MVS_GROUPED_ROWS and slots == 1 and not norm else 1
-    return Vecs(R, parts, per, tpr, slots, rows, act, norm, groups)
+    return Vecs(R, parts, per, tpr, slots, rows, act, norm)
 
 
 def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
@@ -290,8 +277,7 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
         args.i32(1).ptr(0).ptr(0)
     else:
         args.i32(v.parts).ptr(launch.scratch(step)).ptr(launch.table(step, np.zeros(v.row_blocks, np.int32)))
-    args.i32(flags)
-    return args.i32(v.groups) if v.groups > 1 else args
+    return args.i32(flags)
 
 
 def early_flag(step, *weights: Tensor, matvec: bool = False) -> int:
@@ -313,8 +299,6 @@ def variants() -> list[Variant]:
     v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in (False, True)]
     v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in STREAM_TYPES for r in MVS_ROWS
           for act in ("silu", "gelu") for norm in (False, True)]
-    v += [Variant("quant.cu", name) for t in STREAM_TYPES for name in (vecs_name(t, MVS_GROUPED_ROWS, grouped=True),
-          *(sibs_name(t, MVS_GROUPED_ROWS, act, grouped=True) for act in ("silu", "gelu")))]
     return v
 
 

@@ -162,8 +162,7 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
         streams = (act or norm and n == 1) and all(blocks.streams(a) for a in weights)
         v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm) if streams else None
         if v is not None and (not norm or blocks.STREAM_NORM and _norm_fits(v.row_blocks, K)):
-            symbol = (blocks.sibs_name(wdt, v.R, act, norm, v.groups > 1) if act
-                      else blocks.vecs_name(wdt, v.R, norm, v.groups > 1))
+            symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
             k = Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
                          vecs=v, scratch=v.scratch, table=v.table)
         else:

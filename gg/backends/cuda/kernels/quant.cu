@@ -1061,13 +1061,10 @@ struct MvsRows {
     int part, nblk, tpr, slots, no, nr, kb0;  // nblk: this part's quant blocks from kb0; no: output rows, nr: weight rows
     i64 rb, r0, nb1, up;
     const char* wb;
-    // groups > 1 (the grouped builds): row group `group` of the block's `groups` consecutive row blocks
-    __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K, int parts,
-                                       int groups = 1, int group = 0) {
+    __device__ __forceinline__ MvsRows(const char* w, const char* w2, i64 w_nb1, i64 n_rows, int K, int parts) {
         const int all = K / Q::QK, per = (all + parts - 1) / parts;
-        const unsigned bg = blockIdx.x / (unsigned)parts;
-        rb = (i64)bg * groups + group;
-        part = (int)(blockIdx.x - bg * (unsigned)parts);
+        rb = (i64)(blockIdx.x / (unsigned)parts);
+        part = (int)(blockIdx.x - (unsigned)rb * (unsigned)parts);
         kb0 = min(all, part * per);
         nblk = min(all, kb0 + per) - kb0;
         tpr = max(1, min(QUANT_MVS_THREADS, per * IPB));
@@ -1097,42 +1094,32 @@ struct MvsRows {
 // early copies fill this one's tail instead of competing with its loads.
 // NORM: x is normalized on the way in (rms_norm(x, eps) * nw); with parts each part's sum(x^2)
 // follows its row sums in `partial`.
-template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false, bool GRP = false>
+template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, const float* nw,
                                          float eps, float* y, const float* res, i64 n_rows, int K, int parts,
-                                         float* partial, int* tickets, int pdl, int groups = 1) {
-    static_assert(!GRP || !NORM, "a grouped block's sum(x^2) would count its part once per row group");
+                                         float* partial, int* tickets, int pdl) {
     constexpr int NT = QUANT_MVS_THREADS;
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
     __shared__ float ssw[NT / 32];
     __shared__ float fin[ACT != MV_ACT_NONE ? QUANT_MVS_SLOTS * R : 1];
     __shared__ unsigned char roff[QUANT_MVS_SLOTS * R];  // each weight row's offset from a 16-byte boundary
-    // GRP: row group gi of the block's `groups` (row block (blockIdx.x / parts) * groups + gi)
-    auto rows_of = [&](int gi) { return MvsRows<Q, R, ACT>(w, w2, w_nb1, n_rows, K, parts, groups, gi); };
-    const MvsRows<Q, R, ACT> g = rows_of(0);  // arithmetic only: nothing read yet
+    const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K, parts);  // arithmetic only: nothing read yet
     if (g.no == 0) return;
-    const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots;
-    if constexpr (GRP)
-        if (slots > 1) __trap();  // (the host groups only rows of a chunk or more: the short-row sums use the stages)
+    const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
+    const i64 r0 = g.r0;
     constexpr int IPB = MvsRows<Q, R, ACT>::IPB;
     const int items = nblk * IPB, nchunks = (items + tpr - 1) / tpr;
-    // GRP: the block's row groups that have rows, their chunks one sequence (stages in turn across groups)
-    const i64 ob = ACT != MV_ACT_NONE ? R / 2 : R;
-    const int ngroups = GRP ? (int)min((i64)groups, (n_rows + ob - 1) / ob - g.rb) : 1;
-    const int total = ngroups * nchunks;
     const i64 wrows = ACT != MV_ACT_NONE ? 2 * n_rows : n_rows;
     const i64 stride = wrows + (NORM ? 1 : 0);  // of the partial sums, a part's (NORM: then its sum(x^2))
     const int slot = tid / tpr, item = tid - slot * tpr;
     const int cb = tpr / IPB * Q::BYTES, rs = (cb + 31) & ~15;  // a row's chunk, its stage pitch (+ 16 for alignment)
-    const int srows = GRP ? R : g.nr;  // rows a stage holds (GRP: the most a group has)
     // The copies: piece k (16 bytes) of row j for v = j * nv + k = tid, tid + NT, ..: (j, k) stepped
     // without a division and the row's pointer worked out once a piece (that arithmetic, with a
     // division per piece, had cost as many instructions as the products).
     const int nv = rs / 16, dj = NT / nv, dk = NT - dj * nv;
     // Rows, the up rows' distance and a chunk all multiples of 16 bytes: every row lands at the start
     // of its stage row in every chunk (the llama shapes: K = 4096 and the 14336 parts, every type).
-    // (GRP: row groups start R rows apart, so one group's alignment is every group's.)
     const bool aligned =
         (((unsigned long long)g.wb | (unsigned long long)g.nb1 | (unsigned long long)g.up | (unsigned)cb) & 15u) == 0;
     // ... and the last chunk too: sm_90 copies each row's chunk with one bulk copy (warp 0, a lane a
@@ -1147,12 +1134,10 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         async_proxy_fence();
     }
 #endif
-    // chunk c of the sequence (GRP: chunk cc of row group c / nchunks) into stage c & 1
-    auto issue_rows = [&](const MvsRows<Q, R, ACT>& r, int c, int cc) {
-        const int nr = r.nr;
-        u8* sb = mvs_smem + (c & 1) * (srows * rs);
-        const int bytes = min(tpr, items - cc * tpr) / IPB * Q::BYTES;
-        const i64 cco = (i64)cc * cb;
+    auto issue = [&](int c) {
+        u8* sb = mvs_smem + (c & 1) * (nr * rs);
+        const int bytes = min(tpr, items - c * tpr) / IPB * Q::BYTES;
+        const i64 cco = (i64)c * cb;
 #if GG_BULK_COPY
         if (bulk) {
             if (tid < 32) {
@@ -1160,7 +1145,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
                 if (c >= 2) async_proxy_fence();  // the stage's reads before the copies' writes
                 if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(nr * bytes));
                 __syncwarp();
-                for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, r.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
+                for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
             }
             return;
         }
@@ -1168,7 +1153,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         int j = tid / nv, k = tid - j * nv;
 #pragma unroll 1
         while (j < nr) {
-            const char* p = r.row(j) + cco;
+            const char* p = g.row(j) + cco;
             const int off = (int)((unsigned long long)p & 15u), have = off + bytes - 16 * k;
             if (have > 0) cp_async16(sb + j * rs + 16 * k, p - off + 16 * k, min(have, 16));
             k += dk;
@@ -1180,14 +1165,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         cp_async_commit();
     };
-    auto issue = [&](int c) {
-        if constexpr (GRP) {
-            const int gi = c / nchunks;
-            issue_rows(rows_of(gi), c, c - gi * nchunks);
-        } else {
-            issue_rows(g, c, c);
-        }
-    };
     // chunk c in place: its bytes counted on its barrier (bulk), or this thread's copies landed
     auto land = [&](int c) {
 #if GG_BULK_COPY
@@ -1196,7 +1173,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             return;
         }
 #endif
-        if (c + 1 < total) cp_async_wait<1>();
+        if (c + 1 < nchunks) cp_async_wait<1>();
         else cp_async_wait<0>();
     };
     x += (i64)g.kb0 * Q::QK;  // this part's activations
@@ -1208,135 +1185,111 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     for (int m = 0; m < R; ++m) acc[m] = 0.0f;
     const bool early = pdl & QUANT_MVS_EARLY, late = pdl & QUANT_MVS_LATE;
     // the dot loop reads row j's offset from here instead of redoing its 64-bit address arithmetic
-    // (made visible by the loop's first __syncthreads; GRP: each group's before its first chunk's)
-    auto offsets = [&](const MvsRows<Q, R, ACT>& r) {
-        if (!aligned)
-            for (int j = tid; j < r.nr; j += NT) roff[j] = (unsigned char)((unsigned long long)r.row(j) & 15u);
-    };
-    offsets(g);
+    // (made visible by the loop's first __syncthreads)
+    if (!aligned)
+        for (int j = tid; j < nr; j += NT) roff[j] = (unsigned char)((unsigned long long)g.row(j) & 15u);
     if (early && nblk > 0) issue(0);
     gg_grid_wait();
     if (!late) gg_launch_dependents();
     if (!early && nblk > 0) issue(0);
-    // Row j's sum v of the rows r goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing,
-    // or with parts to the partial sums (unscaled: the scale needs every part's sum(x^2)); then, with
-    // parts, the last block of r's row block adds the parts' sums.
-    float scale = 1.0f;  // NORM: 1 / rms(x) from this block's sum(x^2) (the whole row when parts == 1)
-    auto finish_rows = [&](const MvsRows<Q, R, ACT>& r) {
-        const int nr = r.nr, no = r.no;
-        const i64 r0 = r.r0;
-        auto finish = [&](int j, float v) {
-            if (parts > 1) partial[r.part * stride + r.index(j, n_rows)] = v;
-            else if constexpr (ACT != MV_ACT_NONE) fin[j] = v * scale;
-            else y[r0 + j] = res ? v * scale + res[r0 + j] : v * scale;
-        };
-        if (slots == 1) {  // a row's NT partial sums: shuffles, then the warps' sums
-            const int warp = tid >> 5, lane = tid & 31;
-#pragma unroll
-            for (int m = 0; m < R; ++m) {
-                const float v = warp_sum(acc[m]);
-                if (lane == 0) red[m][warp] = v;
-            }
-            __syncthreads();
-            if (tid < nr) {
-                float v = 0.0f;
-#pragma unroll
-                for (int i = 0; i < NT / 32; ++i) v += red[tid][i];
-                finish(tid, v);
-            }
-        } else {  // short rows: each thread's R sums through the stages (idle now), a thread per row
-            float* part = (float*)mvs_smem;  // R * NT floats (the host sizes the stages for it)
-#pragma unroll
-            for (int m = 0; m < R; ++m) part[m * NT + tid] = acc[m];
-            __syncthreads();
-            for (int j = tid; j < nr; j += NT) {
-                const float* pr = part + (j % R) * NT + (j / R) * tpr;
-                float v = 0.0f;
-#pragma unroll 1
-                for (int i = 0; i < tpr; ++i) v += pr[i];
-                finish(j, v);
-            }
-        }
-        if (parts > 1) {  // the last block of the row block adds the parts' sums
-            if (!gg_last_block<QUANT_MVS_RELEASE != 0>(tickets + r.rb, parts)) return;
-            if constexpr (NORM) {
-                ss = 0.0f;
-                for (int p = 0; p < parts; ++p) ss += __ldcg(partial + p * stride + wrows);
-                scale = rsqrtf(ss / (float)K + eps);
-            }
-            for (int i = tid; i < no; i += NT) {
-                float v = 0.0f, u = 0.0f;
-                for (int p = 0; p < parts; ++p) {
-                    v += __ldcg(partial + p * stride + r0 + i);
-                    if constexpr (ACT != MV_ACT_NONE) u += __ldcg(partial + p * stride + n_rows + r0 + i);
-                }
-                v *= scale;
-                if constexpr (ACT != MV_ACT_NONE) y[r0 + i] = mv_act<ACT>(v) * (u * scale);
-                else y[r0 + i] = res ? v + res[r0 + i] : v;
-            }
-            if (tid == 0) tickets[r.rb] = 0;  // ready for the next run
-        } else if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
-            __syncthreads();
-            for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
-        }
-    };
-    MvsRows<Q, R, ACT> cur = g;  // the rows of the chunk being multiplied (GRP: its group's)
-    XB xb;  // (GRP, one chunk a row: quantized once, every group's rows multiply the same part of x)
-    for (int c = 0; c < total; ++c) {
-        const int gi = GRP ? c / nchunks : 0, cc = c - gi * nchunks;
-        if constexpr (GRP)
-            if (cc == 0 && gi > 0) {  // a new group: the previous one's dot loop is over (barrier below)
-                cur = rows_of(gi);
-                offsets(cur);
-            }
-        if (c + 1 < total) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
-        const int b = cc * tpr + item;
+    for (int c = 0; c < nchunks; ++c) {
+        if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
+        const int b = c * tpr + item;
         const bool live = slot < slots && b < items;
-        if (live && (!GRP || nchunks > 1 || c == 0)) {  // while the copies are in flight
+        XB xb;
+        if (live) {  // while the copies are in flight
             float s2 = 0.0f;
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
         land(c);
-        if (late && c + 1 == total) gg_launch_dependents();
+        if (late && c + 1 == nchunks) gg_launch_dependents();
         __syncthreads();
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
-            const u8* sb = mvs_smem + (c & 1) * (srows * rs) + slot * R * rs + ib;
+            const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
             if (aligned) {  // every row at the start of its stage row: the same alignment, no guard, no
                 // offsets (rows past nr read stale stage bytes into sums that are never written)
 #pragma unroll
                 for (int m = 0; m < R; ++m) acc[m] = MVS<Q>::dot(sb + m * rs, ib & 3u, item % IPB, xb, acc[m]);
             } else {
-                const unsigned co = (unsigned)cc * (unsigned)cb;  // chunk cc of row j starts (roff[j] + co) & 15 off
+                const unsigned cc = (unsigned)c * (unsigned)cb;  // chunk c of row j starts (roff[j] + cc) & 15 off
 #pragma unroll
                 for (int m = 0; m < R; ++m) {
                     const int j = slot * R + m;
-                    const unsigned o = (roff[j] + co) & 15u;
-                    if (j < cur.nr) acc[m] = MVS<Q>::dot(sb + m * rs + o, (ib + o) & 3u, item % IPB, xb, acc[m]);
+                    const unsigned o = (roff[j] + cc) & 15u;
+                    if (j < nr) acc[m] = MVS<Q>::dot(sb + m * rs + o, (ib + o) & 3u, item % IPB, xb, acc[m]);
                 }
             }
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
-        if constexpr (GRP)
-            if (cc == nchunks - 1) {  // the group's last chunk: its sums out, the next group's from zero
-                finish_rows(cur);
-#pragma unroll
-                for (int m = 0; m < R; ++m) acc[m] = 0.0f;
-            }
     }
-    if constexpr (!GRP) {
-        if constexpr (NORM) {
-            ss = warp_sum(ss);
-            if ((tid & 31) == 0) ssw[tid >> 5] = ss;
-            __syncthreads();
-            ss = 0.0f;
+    float scale = 1.0f;  // NORM: 1 / rms(x) from this block's sum(x^2) (the whole row when parts == 1)
+    if constexpr (NORM) {
+        ss = warp_sum(ss);
+        if ((tid & 31) == 0) ssw[tid >> 5] = ss;
+        __syncthreads();
+        ss = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NT / 32; ++i) ss += ssw[i];
-            if (parts > 1 && tid == 0) partial[g.part * stride + wrows] = ss;  // every row block writes the same
+        for (int i = 0; i < NT / 32; ++i) ss += ssw[i];
+        if (parts > 1 && tid == 0) partial[g.part * stride + wrows] = ss;  // every row block writes the same
+        scale = rsqrtf(ss / (float)K + eps);
+    }
+    // Row j's sum v goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing, or with
+    // parts to the partial sums (unscaled: the scale needs every part's sum(x^2)).
+    auto finish = [&](int j, float v) {
+        if (parts > 1) partial[g.part * stride + g.index(j, n_rows)] = v;
+        else if constexpr (ACT != MV_ACT_NONE) fin[j] = v * scale;
+        else y[r0 + j] = res ? v * scale + res[r0 + j] : v * scale;
+    };
+    if (slots == 1) {  // a row's NT partial sums: shuffles, then the warps' sums
+        const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+        for (int m = 0; m < R; ++m) {
+            const float v = warp_sum(acc[m]);
+            if (lane == 0) red[m][warp] = v;
+        }
+        __syncthreads();
+        if (tid < nr) {
+            float v = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NT / 32; ++i) v += red[tid][i];
+            finish(tid, v);
+        }
+    } else {  // short rows: each thread's R sums through the stages (idle now), a thread per row
+        float* part = (float*)mvs_smem;  // R * NT floats (the host sizes the stages for it)
+#pragma unroll
+        for (int m = 0; m < R; ++m) part[m * NT + tid] = acc[m];
+        __syncthreads();
+        for (int j = tid; j < nr; j += NT) {
+            const float* pr = part + (j % R) * NT + (j / R) * tpr;
+            float v = 0.0f;
+#pragma unroll 1
+            for (int i = 0; i < tpr; ++i) v += pr[i];
+            finish(j, v);
+        }
+    }
+    if (parts > 1) {  // the last block of the row block adds the parts' sums
+        if (!gg_last_block<QUANT_MVS_RELEASE != 0>(tickets + g.rb, parts)) return;
+        if constexpr (NORM) {
+            ss = 0.0f;
+            for (int p = 0; p < parts; ++p) ss += __ldcg(partial + p * stride + wrows);
             scale = rsqrtf(ss / (float)K + eps);
         }
-        finish_rows(g);
+        for (int i = tid; i < no; i += NT) {
+            float v = 0.0f, u = 0.0f;
+            for (int p = 0; p < parts; ++p) {
+                v += __ldcg(partial + p * stride + r0 + i);
+                if constexpr (ACT != MV_ACT_NONE) u += __ldcg(partial + p * stride + n_rows + r0 + i);
+            }
+            v *= scale;
+            if constexpr (ACT != MV_ACT_NONE) y[r0 + i] = mv_act<ACT>(v) * (u * scale);
+            else y[r0 + i] = res ? v + res[r0 + i] : v;
+        }
+        if (tid == 0) tickets[g.rb] = 0;  // ready for the next run
+    } else if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
+        __syncthreads();
+        for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
 }
 
@@ -1371,30 +1324,8 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
                                           tickets, pdl);                                                          \
     }                                                                                                             \
     GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
-// The grouped builds (`<R>g`, R = QUANT_MVS_GROUPED_ROWS, no norm: blocks.MVS_GROUPS): a block takes `groups` row blocks
-// in turn, the next one's first chunk copied while it multiplies the one before (the stages taken in
-// turn across groups), so the copies of a block stay in flight while it computes and reduces.
-#define GG_QUANT_GROUPED_ACT(Q, S, R, NAME, ACT)                                                                  \
-    extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
-        mul_mat_sibs##R##g_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,         \
-                                                 const float* nw, float eps, float* y, i64 n_rows, i64 K,         \
-                                                 int parts, float* partial, int* tickets, int pdl, int groups) {  \
-        mvs_impl<Q, R, ACT, false, true>(wg, wu, nb1, x, nw, eps, y, nullptr, n_rows, (int)K, parts, partial,     \
-                                         tickets, pdl, groups);                                                   \
-    }
-#define GG_QUANT_GROUPED(Q, S, R)                                                                                 \
-    extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
-        mul_mat_vecs##R##g_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,     \
-                                        float* y, const float* res, i64 n_rows, i64 K, int parts,                 \
-                                        float* partial, int* tickets, int pdl, int groups) {                      \
-        mvs_impl<Q, R, MV_ACT_NONE, false, true>(w, nullptr, w_nb1, x, nw, eps, y, res, n_rows, (int)K, parts,    \
-                                                 partial, tickets, pdl, groups);                                  \
-    }                                                                                                             \
-    GG_QUANT_GROUPED_ACT(Q, S, R, silu, MV_ACT_SILU) GG_QUANT_GROUPED_ACT(Q, S, R, gelu, MV_ACT_GELU)
 #define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)
-#define GG_QUANT_GROUPED_X(Q, S, R) GG_QUANT_GROUPED(Q, S, R)  // (R expanded before ## pastes it)
-#define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16) \
-    GG_QUANT_GROUPED_X(Q, S, QUANT_MVS_GROUPED_ROWS)
+#define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
 // Up to QUANT_SIB_MAX products W_j · x of one F32 row, all of one block type, in one launch: the
