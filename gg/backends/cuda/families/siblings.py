@@ -257,7 +257,10 @@ EPILOGUE_OPS = ("rope", "cpy", "set_rows")
 # their own (29 vs 41 steps; the per-step costs said the opposite: docs/performance.md). H200,
 # SmolLM2-dims Q4_1 token loop (n_ctx 128) with the epilogue on the _small builds too: 604.0 us
 # against 593.3 (the QKV step grows by 2.8 us, its epilogue's dependent loads after the sums,
-# more than the three launches it saves).
+# more than the three launches it saves); twenty-seventh session 614.4-616.1 against 591.1-592.4,
+# the QKV step's increment in the replayed token 6.6 us against 2.7 + 3.1 for it and the three
+# steps. Since then the quantized builds request the epilogue's inputs before the row sums, as the
+# float ones do (kernels/quant.cu mv_run): not yet measured (A/B: --quant-epilogue).
 QUANT_EPILOGUE = False
 EPI_ROPES = _EPI_DEFINES["SIB_ROPES"]    # q and k
 EPI_WRITES = _EPI_DEFINES["SIB_WRITES"]  # K and V

@@ -769,6 +769,14 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
         __syncthreads();  // stage c % S is free for chunk c + S
     }
 
+    // EPI: the inputs of row tid's epilogue (position, frequencies, cache row) requested here, past
+    // the wait for the kernel before, so they land while the row sums run instead of being a round
+    // trip after them (as siblings.cu sib_impl): one row a thread.
+    static_assert(!EPI || QUANT_MV_SLOTS * R <= NT, "the epilogue's inputs: one row a thread");
+    SibPre pre;
+    if constexpr (EPI)
+        if (tid < nr) sib_epi_load(*epi, member, r0 + tid + (tid < split ? 0 : jump), pre);
+
     // Row sums: thread (slot, item) left row slot * R + m's part in red[m][tid].
     // NORM: slot 0's parts of sum(x^2) in red[R * NT + t], t < tpr.
     float* red = (float*)smem;  // (R + 1) * NT floats <= the stages, idle now (only empty copy groups remain)
@@ -807,12 +815,13 @@ __device__ __forceinline__ void mv_run(const char* w, i64 w_nb1, const float* x,
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
     if constexpr (EPI) {  // y: the product's own rows (null: nobody reads them after the step)
-        for (int j = tid; j < nr; j += NT) {
+        if (tid < nr) {  // thread tid: row tid, whose inputs it requested (pre)
+            const int j = tid;
             bool second;
             const int pj = epi_partner(j, split, ob, second);
             const float v = fin[j], o = pj < nr ? fin[pj] : 0.0f;  // no partner: the row is not roped
             const i64 m = r0 + j + (j < split ? 0 : jump);
-            sib_epilogue(*epi, member, y ? (char*)(y + m) : nullptr, m, v, second ? o : v, second ? v : o, second);
+            sib_epilogue(*epi, pre, member, y ? (char*)(y + m) : nullptr, m, v, second ? o : v, second ? v : o, second);
         }
     }
 }
