@@ -39,5 +39,6 @@ for rev in "$@"; do  # a tree's kernels that differ from this one's add entries;
     rm -rf "$tmp/tree"
 done
 python3 -c "from gg.backends.cuda import compiler; print('%d.%d' % compiler.nvrtc_version())" > "$tmp/nvrtc-version"
-tar -C "$tmp" -cJf .cubin.tar.xz cubin nvrtc-version
+# written aside and renamed: a device call started meanwhile carries the last whole pack, not a cut one
+tar -C "$tmp" -cJf .cubin.tar.xz.part cubin nvrtc-version && mv .cubin.tar.xz.part .cubin.tar.xz
 echo "wrote .cubin.tar.xz: $(ls "$tmp"/cubin | wc -l) CUBINs by NVRTC $(cat "$tmp/nvrtc-version"), $(du -h .cubin.tar.xz | cut -f1)"
