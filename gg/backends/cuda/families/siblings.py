@@ -86,6 +86,11 @@ class Siblings(Kernel):
         rows = self.rows[:1] if self.act else self.rows
         return tuple(-(-m // self.per) for m in rows)
 
+    @property
+    def member_slots(self) -> int:
+        """Product slots of the build's parameter set (kernels/siblings.cu SibSetN, quant.cu QSibSet)."""
+        return blocks.SIB_MAX if self.quant else MAX_MEMBERS
+
 
 def _split(ops: tuple[str, ...]) -> tuple[bool, int, str] | None:
     """(norm, products, activation) of a group this family runs, else None."""
@@ -217,8 +222,7 @@ def lower(rt, step, k: Kernel, what: str) -> list:
         out = (addr(step.out) if j == 0 else 0) if k.act else addr(mm) if mm in step.outs else 0
         words += [addr(a), a.nb[1], out, mm.ne[0], block0]
         block0 += nblocks[j] if j < len(nblocks) else 0
-    slots = blocks.SIB_MAX if k.quant else EPI_MAX_MEMBERS if isinstance(k, SibEpilogue) else MAX_MEMBERS
-    words += [0] * 5 * (slots - len(prods))
+    words += [0] * 5 * (k.member_slots - len(prods))
     if k.norm:
         rn, mul = step.nodes[0], step.nodes[1]
         x, w, eps = step.srcs(rn)[0], step.srcs(mul)[1], rn.params.eps
@@ -279,6 +283,10 @@ class SibEpilogue(Siblings):
     ropes: tuple[tuple[int, ...], ...] = ()
     writes: tuple[tuple[int, ...], ...] = ()
     epilogue: ClassVar[bool] = True
+
+    @property
+    def member_slots(self) -> int:
+        return blocks.SIB_MAX if self.quant else EPI_MAX_MEMBERS  # (SibEpiSet)
 
 
 def _epi_cut(ops: tuple[str, ...]) -> int | None:
