@@ -35,14 +35,14 @@ class Case:
     hd, n_ctx) cache, q a permuted view. v="pos": V stored like K (n_head_kv, n_ctx, hd) and read
     through gg.transpose, v="cont": through gg.cont(gg.transpose(...)) (llama.cpp's forms)."""
 
-    def __init__(self, hd, n_kv, nh, nkv, T, dtype="f16", form="add", n_ctx=None, seed=0, v="t"):
+    def __init__(self, hd, n_kv, nh, nkv, T, dtype="f16", form="add", n_ctx=None, seed=0, v="t", q_scale=0.5):
         self.hd, self.n_kv, self.nh, self.nkv, self.T = hd, n_kv, nh, nkv, T
         self.dtype, self.form, self.v_form = dtype, form, v
         self.n_ctx = n_ctx or n_kv + 3
         rng = np.random.default_rng(seed)
         self.k = rng.standard_normal((self.n_ctx, nkv, hd))
         self.v = rng.standard_normal((nkv, hd, self.n_ctx))
-        self.q = rng.standard_normal((T, nh, hd)) * 0.5
+        self.q = rng.standard_normal((T, nh, hd)) * q_scale
         self.n_past = n_kv - T
         cols, rows = np.arange(n_kv), self.n_past + np.arange(T)
         self.mask = np.where(cols[None, :] <= rows[:, None], 0.0, -np.inf)
@@ -411,3 +411,20 @@ def test_flash_masked_rows_and_skipped_chunks(n_ctx, v):
     g, out = compute(case)
     got = out.numpy().reshape(case.nh, 2, case.hd)
     assert np.isnan(got[0, 1]).all() and np.isfinite(got[1:, 1]).all()
+
+
+@cuda
+@pytest.mark.parametrize("v", ["t", "pos"])
+@pytest.mark.parametrize("q_scale", [1e5, 30.0, 1e-3])
+def test_flash_q_of_any_magnitude(q_scale, v):
+    """The F16 fast builds multiply q on tensor cores as f16 pairs, scaled per head by a power of
+    two first: q far past f16's range (1e5: unscaled, inf) or small enough that its rounding
+    residue would be subnormal stays as accurate as float (heads of each magnitude in one block)."""
+    case = Case(128, 700, 8, 2, 1, seed=11, n_ctx=704, v=v, q_scale=q_scale)
+    case.q[:, ::2, :] *= 1e-3  # every other head a thousand times smaller
+    g, out = compute(case)
+    (flash,) = flash_steps(g.plan)
+    assert flash.choice.fast and flash.kernel.startswith("flash_attn_f16")
+    got = out.numpy().reshape(case.nh, case.T, case.hd)
+    assert np.isfinite(got).all()
+    assert nmse(got, case.reference()) <= LIMIT

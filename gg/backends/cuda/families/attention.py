@@ -60,6 +60,10 @@ CLUSTER_AFTER_EPILOGUE = False
 NARROW = 256
 EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
 BLOCKS_PER_SM = 4
+# The F16 fast builds multiply on tensor cores (kernels/attn.cu flash_mma: mma.sync over the staged
+# tiles, q and the softmax weights as f16 pairs of about float accuracy); 0: the scalar loops
+# (BF16 caches always take those).
+MMA = True
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
 
 
@@ -85,7 +89,7 @@ def fast_symbol(dtype: str, nh: int, hd: int, v_pos: bool, chunk: int) -> str:
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
                        "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
-                       "FA_CLUSTER_MAX": MAX_CLUSTER, **fast_lists()}}
+                       "FA_CLUSTER_MAX": MAX_CLUSTER, "FA_MMA": int(MMA), **fast_lists()}}
 
 
 @dataclass(frozen=True)
