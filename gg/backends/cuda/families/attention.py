@@ -60,10 +60,15 @@ CLUSTER_AFTER_EPILOGUE = False
 NARROW = 256
 EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
 BLOCKS_PER_SM = 4
-# The F16 fast builds multiply on tensor cores (kernels/attn.cu flash_mma: mma.sync over the staged
-# tiles, q and the softmax weights as f16 pairs of about float accuracy); 0: the scalar loops
-# (BF16 caches always take those).
-MMA = True
+# The F16 fast builds of FAST_CHUNK positions and at least MMA_HEADS query heads a block multiply
+# on tensor cores (kernels/attn.cu flash_tc_impl: mma.sync over the staged tiles, q and the
+# softmax weights as f16 pairs of about float accuracy); 0: none (BF16 caches always take the
+# scalar builds). H200, 8 KV heads (head groups of 4), n_ctx 512-4096: gg.llama's attention block
+# 1.0-1.4 us faster, the llama.cpp form 1.6-1.9, MQA (groups of 8) 4-5; the 8B-dims layer 135.6
+# -> 132.8 us. Not one head a block (15/16 of each product padding: MHA level or slower) and not
+# the SHORT_CHUNK builds (n_ctx 128-256: the block 38.5 -> 43.2 us, an 8B-dims F16 token 615.7 ->
+# 627.3); docs/performance.md, twenty-eighth session.
+MMA_HEADS = 2
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
 
 
@@ -89,7 +94,7 @@ def fast_symbol(dtype: str, nh: int, hd: int, v_pos: bool, chunk: int) -> str:
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
                        "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
-                       "FA_CLUSTER_MAX": MAX_CLUSTER, "FA_MMA": int(MMA), **fast_lists()}}
+                       "FA_CLUSTER_MAX": MAX_CLUSTER, "FA_MMA_HEADS": MMA_HEADS, **fast_lists()}}
 
 
 @dataclass(frozen=True)

@@ -99,177 +99,6 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
     return base;
 }
 
-// Tensor cores (sm_80+; here while attention is their only user): ldmatrix loads 8x8 tiles of
-// 16-bit values from shared memory into the fragments mma.sync multiplies (lane l gives the
-// address of row l % 8 of tile l / 8; lane t gets the pair at row t / 4, columns 2 (t % 4) .. +1,
-// or with .trans the pair at rows 2 (t % 4) .. +1, column t / 4). mma16816: c (16x8 f32) += a
-// (16x16 f16, row-major) * b (16x8 f16, column-major).
-__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two floats as an f16 pair (x in the low half), and the pair of what rounding left of them: a
-// float x is hi + lo to about 22 bits, so a product with an f16 operand keeps float accuracy
-// through two tensor-core rows.
-__device__ __forceinline__ void f16_split2(float x, float y, unsigned& hi, unsigned& lo) {
-    const u16 hx = f2h(x), hy = f2h(y);
-    hi = (unsigned)hx | ((unsigned)hy << 16);
-    lo = (unsigned)f2h(x - h2f(hx)) | ((unsigned)f2h(y - h2f(hy)) << 16);
-}
-
-template <class T> struct fa_f16 { static constexpr bool value = false; };
-template <> struct fa_f16<f16> { static constexpr bool value = true; };
-
-// Where 16-byte piece c of row r of a tile with ROWB-byte rows is staged for the tensor-core
-// path: swizzled so that ldmatrix's 8 rows at one piece fall in 8 different bank groups (rows a
-// power of two apart would all hit the same 4 banks, an 8-way conflict).
-template <int ROWB> __device__ __forceinline__ int fa_swz(int r, int c) {
-    static_assert(ROWB >= 64 && ROWB % 64 == 0, "tile rows of 64 or a multiple of 128 bytes");
-    if constexpr (ROWB >= 128) return c ^ (r & 7);
-    else return c ^ ((r >> 1) & 3);
-}
-
-// The tensor-core path of the F16 fast builds (FA_MMA): the chunk's scores S = Q K^T and its sum
-// O = P V as mma.sync products over the staged tiles. The NH query heads are rows 0..NH of a
-// 16-row A operand and what rounding to f16 left of them rows 8..8 + NH, and each thread holds
-// rows g and g + 8 of the products, so their sum keeps float accuracy: q (per head scaled by a
-// power of two so its largest element is in [64, 128): no f16 overflow, few subnormal parts) and
-// the softmax weights P. The warps split the chunk's positions for S and the head dim for O; P
-// goes through shared memory already in the A fragments' layout. qf: this thread's q elements
-// (head g = lane / 4, columns 16 ks + 2 (lane % 4) + {0, 1, 8, 9}), 0 for g >= NH. A chunk is a
-// few dozen mma and ldmatrix a warp where the scalar build spends ~40 instructions a K row and
-// as many a V row (issue-bound: the H100 and the H200 ran it in the same time, 2.1 TB/s).
-template <int NH, int HD, bool VP, int CH, class Score, class PutML, class PutO>
-__device__ __forceinline__ void flash_mma(const char* Ks, const char* Vs, const float* qf, int len, Score score,
-                                          PutML put_ml, PutO put_o) {
-    constexpr int KROW = HD * 2, VROW = CH * 2;      // tile row bytes
-    constexpr int KS = HD / 16;                      // k-steps of Q K^T
-    constexpr int PPW = CH / FA_WARPS, NT = PPW / 8;  // a warp's positions, in n-tiles of 8
-    constexpr int DPW = HD / FA_WARPS, DN = DPW / 8;  // a warp's head dims in P V, in n-tiles
-    static_assert(PPW % 8 == 0 && (NT == 1 || NT == 2) && DN % 2 == 0 && KS % 2 == 0 && NH <= 8, "tile split");
-    __shared__ __align__(16) unsigned pf[CH / 16][32][4];  // P as A fragments, a k-step of 16 positions each
-    __shared__ float red_m[FA_WARPS][8], red_l[FA_WARPS][8];
-    const float NEG_INF = -__int_as_float(0x7f800000);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-
-    float amax = 0.0f;  // the head's largest |q| (NaN elements stay NaN through the scaling)
-#pragma unroll
-    for (int i = 0; i < HD / 4; ++i) amax = fmaxf(amax, fabsf(qf[i]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const int ex = amax > 0.0f && amax <= 3.0e38f
-                       ? min(100, max(-100, (int)((__float_as_uint(amax) >> 23) & 0xff) - 127 - 6)) : 0;
-    const float to_q = __uint_as_float((unsigned)(127 - ex) << 23);  // 2^-ex and 2^ex, exact
-    const float from_q = __uint_as_float((unsigned)(127 + ex) << 23);
-    unsigned qa[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-        f16_split2(qf[4 * ks] * to_q, qf[4 * ks + 1] * to_q, qa[ks][0], qa[ks][1]);
-        f16_split2(qf[4 * ks + 2] * to_q, qf[4 * ks + 3] * to_q, qa[ks][2], qa[ks][3]);
-    }
-
-    // S: lanes 8 i .. 8 i + 7 address the rows of matrix i = piece 2 kk + i (k-steps kk, kk + 1)
-    float s[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; kk += 2)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int row = warp * PPW + j * 8 + (lane & 7), piece = 2 * kk + (lane >> 3);
-            unsigned b[4];
-            ldsm_x4(b, Ks + row * KROW + fa_swz<KROW>(row, piece) * 16);
-            mma16816(s[j], qa[kk], b[0], b[1]);
-            mma16816(s[j], qa[kk + 1], b[2], b[3]);
-        }
-
-    // the chunk's softmax: this thread's positions 8 j + 2 c + i of the warp's, head g
-    float x[NT][2], m = NEG_INF;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int jj = warp * PPW + j * 8 + 2 * c + i;
-            x[j][i] = g < NH && jj < len ? score(g, jj, (s[j][i] + s[j][2 + i]) * from_q) : NEG_INF;
-            m = max_nan(m, x[j][i]);
-        }
-    m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    if (c == 0) red_m[warp][g] = m;
-    __syncthreads();
-    float M = NEG_INF;
-#pragma unroll
-    for (int w = 0; w < FA_WARPS; ++w) M = max_nan(M, red_m[w][g]);
-    float l = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const float e0 = x[j][0] == NEG_INF || M == NEG_INF ? 0.0f : expf(x[j][0] - M);
-        const float e1 = x[j][1] == NEG_INF || M == NEG_INF ? 0.0f : expf(x[j][1] - M);
-        l += e0 + e1;
-        // n-tile J of the chunk is half J % 2 of k-step J / 2: registers 0, 1 (rows g, g + 8) or 2, 3
-        const int J = warp * NT + j;
-        unsigned hi, lo;
-        f16_split2(e0, e1, hi, lo);
-        pf[J >> 1][lane][(J & 1) * 2] = hi;
-        pf[J >> 1][lane][(J & 1) * 2 + 1] = lo;
-    }
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (c == 0) red_l[warp][g] = l;
-    cp_async_wait<0>();  // the V tile
-    __syncthreads();
-    if (tid < NH) {
-        float Mh = NEG_INF, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < FA_WARPS; ++w) {
-            Mh = max_nan(Mh, red_m[w][tid]);
-            L += red_l[w][tid];
-        }
-        put_ml(tid, Mh, L);
-    }
-
-    // O = P V over the warp's head dims: two n-tiles an ldmatrix
-    float o[DN][4];
-#pragma unroll
-    for (int n = 0; n < DN; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < CH / 16; ++ks) {
-        const uint4 av = *(const uint4*)pf[ks][lane];
-        const unsigned a[4] = {av.x, av.y, av.z, av.w};
-#pragma unroll
-        for (int n = 0; n < DN; n += 2) {
-            const int d0 = warp * DPW + n * 8;
-            unsigned b[4];
-            if constexpr (VP) {  // rows are positions: matrices (+0, d0) (+8, d0) (+0, d0 + 8) (+8, d0 + 8), transposed
-                const int row = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, piece = d0 / 8 + (lane >> 4);
-                ldsm_x4_trans(b, Vs + row * KROW + fa_swz<KROW>(row, piece) * 16);
-            } else {  // rows are head dims: matrices (d0, +0) (d0, +8) (d0 + 8, +0) (d0 + 8, +8)
-                const int row = d0 + (lane & 7) + (lane >> 4) * 8, piece = 2 * ks + ((lane >> 3) & 1);
-                ldsm_x4(b, Vs + row * VROW + fa_swz<VROW>(row, piece) * 16);
-            }
-            mma16816(o[n], a, b[0], b[1]);
-            mma16816(o[n + 1], a, b[2], b[3]);
-        }
-    }
-    if (g < NH)
-#pragma unroll
-        for (int n = 0; n < DN; ++n) {
-            const int dd = warp * DPW + n * 8 + 2 * c;
-            put_o(g, dd, o[n][0] + o[n][2]);
-            put_o(g, dd + 1, o[n][1] + o[n][3]);
-        }
-}
-
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
 // VP (fast path): V position-major, its tile staged like K's ([CH][HD]). CH: the fast path's
 // positions per block (FA_CHUNK, or the host's short chunk).
@@ -293,7 +122,6 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
                                            const char* mask, const TDesc& md, int mdt, const FaArgs& p,
                                            float* ws, int* cnt) {
     constexpr bool FAST = HD > 0;
-    constexpr bool MMA = FA_MMA && FAST && fa_f16<TK>::value;  // the tensor-core path (flash_mma)
     constexpr int SC = FAST ? CH : FA_MAX_CHUNK;
     // dynamic: the K tile [CH][HD] and the V tile [HD][CH] ([CH][HD] if VP) (fast path)
     extern __shared__ __align__(16) char dyn[];
@@ -344,16 +172,12 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     constexpr int KROW = FAST ? HD * (int)sizeof(TK) : 16, VROW = CH * (int)sizeof(TK);  // tile row bytes
     char* Ks = dyn;
     char* Vs = dyn + CH * KROW;
-    auto at = [&](char* tile, int rowb, int r, int c) -> char* {  // piece c of row r (swizzled for MMA)
-        if constexpr (MMA) return tile + r * rowb + (rowb == KROW ? fa_swz<KROW>(r, c) : fa_swz<VROW>(r, c)) * 16;
-        else return tile + r * rowb + c * 16;
-    };
     auto copy_tiles = [&]() {
         constexpr int KP = KROW / 16, VP_ = VROW / 16;  // 16-byte pieces per tile row
 #pragma unroll
         for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
             const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
-            if (r < len) cp_async16(at(Ks, KROW, r, c), kb + (j0 + r) * kd.nb[1] + c * 16, 16);
+            if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
         }
         cp_async_commit();
         if constexpr (VP) {  // like K; rows past len zero-filled (their weight is 0, 0 * NaN is not)
@@ -361,7 +185,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
                 const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
                 const bool in = r < len;
-                cp_async16(at(Vs, KROW, r, c), vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
+                cp_async16(Vs + r * KROW + c * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
             }
         } else {
             const char* v0 = vb + j0 * (i64)sizeof(TK);
@@ -370,7 +194,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             for (int i = 0; i < HD * VP_ / FA_THREADS; ++i) {
                 const int e = tid + i * FA_THREADS, dd = e / VP_, c = e % VP_;
                 const int n = max(0, min(16, vlen - c * 16));
-                cp_async16(at(Vs, VROW, dd, c), v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
+                cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
             }
         }
         cp_async_commit();
@@ -385,15 +209,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     constexpr int TPP = FAST ? (HD / 8 > NH ? HD / 8 : NH) : 32;
     const int grp = tid / TPP, gl = tid % TPP;
     float qr[NH][8];
-    float qf[MMA ? HD / 4 : 1];  // the MMA path's q elements (flash_mma)
-    if constexpr (MMA) {
-        const int g = (tid & 31) >> 2, c = tid & 3;
-#pragma unroll
-        for (int i = 0; i < HD / 4; ++i) {
-            const int col = (i >> 2) * 16 + 2 * c + (i & 1) + ((i >> 1) & 1) * 8;
-            qf[i] = g < NH ? ld<float>(qb + col * qd.nb[0] + g * qd.nb[2]) : 0.0f;
-        }
-    } else if (FAST) {
+    if (FAST) {
 #pragma unroll
         for (int hh = 0; hh < NH; ++hh)
 #pragma unroll
@@ -427,182 +243,175 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             const float x = diag(j0 + jj) ? NEG_INF : p.cx * dot + sc[hh][jj];
             return p.post * x;
         };
-        if constexpr (MMA) {
+        // ---- scores: TPP lanes per K row, reduced by a reduce-scatter over the group
+        const int writer = (gl & (TPP / NH - 1)) == 0;
+        if constexpr (FAST) {
             if (!early) copy_tiles();
             cp_async_wait<1>();  // the K tile
             __syncthreads();
-            flash_mma<NH, HD, VP, CH>(Ks, Vs, qf, len, score, put_ml, put_o);
-        } else {
-            // ---- scores: TPP lanes per K row, reduced by a reduce-scatter over the group
-            const int writer = (gl & (TPP / NH - 1)) == 0;
-            if constexpr (FAST) {
-                if (!early) copy_tiles();
-                cp_async_wait<1>();  // the K tile
-                __syncthreads();
-                constexpr int GROUPS = FA_THREADS / TPP;
+            constexpr int GROUPS = FA_THREADS / TPP;
 #pragma unroll
-                for (int u = 0; u < CH / GROUPS; ++u) {
-                    const int jj = u * GROUPS + grp;
-                    float kv[8];
-                    if (jj < len && gl * 8 < HD) {
-                        ld8<TK>(Ks + jj * KROW + gl * 8 * (int)sizeof(TK), kv);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) kv[i] = 0.0f;
-                    }
-                    float acc[NH];
-#pragma unroll
-                    for (int hh = 0; hh < NH; ++hh) {
-                        acc[hh] = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[hh] += kv[i] * qr[hh][i];
-                    }
-                    int hh;
-                    const float dot = group_sum_scatter<NH, TPP>(acc, lane, hh);
-                    if (jj < len && writer) sc[hh][jj] = score(hh, jj, dot);
-                }
-            } else {  // any strides, straight from global memory: a warp per K row, lanes over it
-                for (int jj = warp; jj < len; jj += FA_WARPS) {
-                    float acc[NH];
-#pragma unroll
-                    for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
-                    const char* kr = kb + (j0 + jj) * kd.nb[1];
-                    for (int c = lane; c < hd; c += 32) {
-                        const float kx = ld<TK>(kr + c * kd.nb[0]);
-#pragma unroll
-                        for (int hh = 0; hh < NH; ++hh) acc[hh] += kx * qs[hh][c];
-                    }
-                    int hh;
-                    const float dot = group_sum_scatter<NH, 32>(acc, lane, hh);
-                    if (writer) sc[hh][jj] = score(hh, jj, dot);
-                }
-            }
-            __syncthreads();
-
-            // ---- the chunk's softmax statistics, one warp per head; sc becomes e^(s - m), 0 past len
-            // (up to chunk: the fast P·V step reads whole groups of 8)
-            for (int hh = warp; hh < NH; hh += FA_WARPS) {
-                float m = NEG_INF;
-                for (int jj = lane; jj < len; jj += 32) m = max_nan(m, sc[hh][jj]);
-                m = warp_max(m);
-                float l = 0.0f;
-                for (int jj = lane; jj < chunk; jj += 32) {
-                    const float e = (jj < len && m != NEG_INF) ? expf(sc[hh][jj] - m) : 0.0f;
-                    sc[hh][jj] = e;
-                    l += e;
-                }
-                l = warp_sum(l);
-                if (lane == 0) put_ml(hh, m, l);
-            }
-            if (FAST) cp_async_wait<0>();  // the V tile
-            __syncthreads();
-
-            // ---- o[d] = Σ_j e_j V[d, j]
-            if constexpr (FAST && VP) {
-                // V rows run over the head dim, like K's: G lanes cover a row, 8 values each; a warp's
-                // LS lane slices take every LS-th position. With NH >= FA_WARPS heads the warps split
-                // the heads and see every position (no exchange between warps); with fewer, they
-                // split the positions and add their sums in shared memory (the K tile's bytes,
-                // unused since the scores). The lane slices' sums: a reduce-scatter over the warp.
-                constexpr int G = HD / 8, LS = 32 / G;
-                constexpr int WH = NH >= FA_WARPS ? FA_WARPS : 1, HPW = NH / WH, PW = FA_WARPS / WH;
-                constexpr int KEEP = HPW * 8 / LS;
-                static_assert(NH % WH == 0 && HPW * 8 >= LS, "heads split evenly over the warps");
-                static_assert(PW == 1 || PW * NH * HD * 4 <= CH * KROW, "the warps' sums fit in the K tile");
-                const int hw = WH > 1 ? warp : 0, pw = WH > 1 ? 0 : warp;
-                const int dg = lane % G, ls = lane / G;
-                float acc[HPW * 8];
-#pragma unroll
-                for (int i = 0; i < HPW * 8; ++i) acc[i] = 0.0f;
-#pragma unroll
-                for (int u = 0; u < CH / (PW * LS); ++u) {
-                    const int jj = (u * PW + pw) * LS + ls;
-                    float vv[8];
-                    ld8<TK>(Vs + jj * KROW + dg * 8 * (int)sizeof(TK), vv);
-#pragma unroll
-                    for (int h = 0; h < HPW; ++h) {
-                        const float e = sc[hw * HPW + h][jj];
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[h * 8 + i] += e * vv[i];
-                    }
-                }
-                const int base = lanes_sum_scatter<HPW * 8, G>(acc, lane);
-                if constexpr (PW == 1) {
-#pragma unroll
-                    for (int i = 0; i < KEEP; ++i) {
-                        const int x = base + i;
-                        put_o(hw * HPW + x / 8, dg * 8 + x % 8, acc[i]);
-                    }
+            for (int u = 0; u < CH / GROUPS; ++u) {
+                const int jj = u * GROUPS + grp;
+                float kv[8];
+                if (jj < len && gl * 8 < HD) {
+                    ld8<TK>(Ks + jj * KROW + gl * 8 * (int)sizeof(TK), kv);
                 } else {
-                    float* red = (float*)Ks;  // [PW][NH][HD]
 #pragma unroll
-                    for (int i = 0; i < KEEP; ++i) {
-                        const int x = base + i;
-                        red[(pw * NH + x / 8) * HD + dg * 8 + x % 8] = acc[i];
-                    }
-                    __syncthreads();
-                    for (int e = tid; e < NH * HD; e += FA_THREADS) {
-                        float o = 0.0f;
-#pragma unroll
-                        for (int w = 0; w < PW; ++w) o += red[w * NH * HD + e];
-                        put_o(e / HD, e % HD, o);
-                    }
+                    for (int i = 0; i < 8; ++i) kv[i] = 0.0f;
                 }
-            } else if constexpr (FAST) {  // V rows run over positions: VL lanes cover a tile row, 8 positions each
-                constexpr int VL = CH / 8, ROWS = 32 / VL;
-                const int lr = lane % VL, rw = lane / VL;
-                const int vwriter = (lr & (VL / NH - 1)) == 0;
-                float pr[NH][8];
+                float acc[NH];
 #pragma unroll
-                for (int hh = 0; hh < NH; ++hh)
+                for (int hh = 0; hh < NH; ++hh) {
+                    acc[hh] = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) pr[hh][i] = sc[hh][lr * 8 + i];
-#pragma unroll
-                for (int u = 0; u < HD / (FA_WARPS * ROWS); ++u) {
-                    const int dd = (u * FA_WARPS + warp) * ROWS + rw;
-                    float vv[8];
-                    ld8<TK>(Vs + dd * VROW + lr * 8 * (int)sizeof(TK), vv);
-                    float acc[NH];
-#pragma unroll
-                    for (int hh = 0; hh < NH; ++hh) {
-                        acc[hh] = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[hh] += pr[hh][i] * vv[i];
-                    }
-                    int hh;
-                    const float o = group_sum_scatter<NH, VL>(acc, lane, hh);
-                    if (vwriter) put_o(hh, dd, o);
+                    for (int i = 0; i < 8; ++i) acc[hh] += kv[i] * qr[hh][i];
                 }
-            } else if (p.vpos) {  // any strides, the head dim contiguous: a thread per dd, positions in turn
-                for (int dd = tid; dd < hd; dd += FA_THREADS) {
-                    float acc[NH];
+                int hh;
+                const float dot = group_sum_scatter<NH, TPP>(acc, lane, hh);
+                if (jj < len && writer) sc[hh][jj] = score(hh, jj, dot);
+            }
+        } else {  // any strides, straight from global memory: a warp per K row, lanes over it
+            for (int jj = warp; jj < len; jj += FA_WARPS) {
+                float acc[NH];
 #pragma unroll
-                    for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
-                    const char* vc = vb + dd * vd.nb[1] + j0 * vd.nb[0];
-                    for (int jj = 0; jj < len; ++jj) {
-                        const float x = ld<TK>(vc + jj * vd.nb[0]);
+                for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
+                const char* kr = kb + (j0 + jj) * kd.nb[1];
+                for (int c = lane; c < hd; c += 32) {
+                    const float kx = ld<TK>(kr + c * kd.nb[0]);
 #pragma unroll
-                        for (int hh = 0; hh < NH; ++hh) acc[hh] += sc[hh][jj] * x;
-                    }
-#pragma unroll
-                    for (int hh = 0; hh < NH; ++hh) put_o(hh, dd, acc[hh]);
+                    for (int hh = 0; hh < NH; ++hh) acc[hh] += kx * qs[hh][c];
                 }
-            } else {  // any strides: a warp per row, lanes over positions
-                for (int dd = warp; dd < hd; dd += FA_WARPS) {
-                    float acc[NH];
+                int hh;
+                const float dot = group_sum_scatter<NH, 32>(acc, lane, hh);
+                if (writer) sc[hh][jj] = score(hh, jj, dot);
+            }
+        }
+        __syncthreads();
+
+        // ---- the chunk's softmax statistics, one warp per head; sc becomes e^(s - m), 0 past len
+        // (up to chunk: the fast P·V step reads whole groups of 8)
+        for (int hh = warp; hh < NH; hh += FA_WARPS) {
+            float m = NEG_INF;
+            for (int jj = lane; jj < len; jj += 32) m = max_nan(m, sc[hh][jj]);
+            m = warp_max(m);
+            float l = 0.0f;
+            for (int jj = lane; jj < chunk; jj += 32) {
+                const float e = (jj < len && m != NEG_INF) ? expf(sc[hh][jj] - m) : 0.0f;
+                sc[hh][jj] = e;
+                l += e;
+            }
+            l = warp_sum(l);
+            if (lane == 0) put_ml(hh, m, l);
+        }
+        if (FAST) cp_async_wait<0>();  // the V tile
+        __syncthreads();
+
+        // ---- o[d] = Σ_j e_j V[d, j]
+        if constexpr (FAST && VP) {
+            // V rows run over the head dim, like K's: G lanes cover a row, 8 values each; a warp's
+            // LS lane slices take every LS-th position. With NH >= FA_WARPS heads the warps split
+            // the heads and see every position (no exchange between warps); with fewer, they
+            // split the positions and add their sums in shared memory (the K tile's bytes,
+            // unused since the scores). The lane slices' sums: a reduce-scatter over the warp.
+            constexpr int G = HD / 8, LS = 32 / G;
+            constexpr int WH = NH >= FA_WARPS ? FA_WARPS : 1, HPW = NH / WH, PW = FA_WARPS / WH;
+            constexpr int KEEP = HPW * 8 / LS;
+            static_assert(NH % WH == 0 && HPW * 8 >= LS, "heads split evenly over the warps");
+            static_assert(PW == 1 || PW * NH * HD * 4 <= CH * KROW, "the warps' sums fit in the K tile");
+            const int hw = WH > 1 ? warp : 0, pw = WH > 1 ? 0 : warp;
+            const int dg = lane % G, ls = lane / G;
+            float acc[HPW * 8];
 #pragma unroll
-                    for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
-                    for (int jj = lane; jj < len; jj += 32) {
-                        const float x = ld<TK>(vb + dd * vd.nb[1] + (j0 + jj) * vd.nb[0]);
+            for (int i = 0; i < HPW * 8; ++i) acc[i] = 0.0f;
 #pragma unroll
-                        for (int hh = 0; hh < NH; ++hh) acc[hh] += sc[hh][jj] * x;
-                    }
-                    int hh;
-                    const float o = group_sum_scatter<NH, 32>(acc, lane, hh);
-                    if ((lane & (32 / NH - 1)) == 0) put_o(hh, dd, o);
+            for (int u = 0; u < CH / (PW * LS); ++u) {
+                const int jj = (u * PW + pw) * LS + ls;
+                float vv[8];
+                ld8<TK>(Vs + jj * KROW + dg * 8 * (int)sizeof(TK), vv);
+#pragma unroll
+                for (int h = 0; h < HPW; ++h) {
+                    const float e = sc[hw * HPW + h][jj];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[h * 8 + i] += e * vv[i];
                 }
             }
-        }  // the scalar paths
+            const int base = lanes_sum_scatter<HPW * 8, G>(acc, lane);
+            if constexpr (PW == 1) {
+#pragma unroll
+                for (int i = 0; i < KEEP; ++i) {
+                    const int x = base + i;
+                    put_o(hw * HPW + x / 8, dg * 8 + x % 8, acc[i]);
+                }
+            } else {
+                float* red = (float*)Ks;  // [PW][NH][HD]
+#pragma unroll
+                for (int i = 0; i < KEEP; ++i) {
+                    const int x = base + i;
+                    red[(pw * NH + x / 8) * HD + dg * 8 + x % 8] = acc[i];
+                }
+                __syncthreads();
+                for (int e = tid; e < NH * HD; e += FA_THREADS) {
+                    float o = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < PW; ++w) o += red[w * NH * HD + e];
+                    put_o(e / HD, e % HD, o);
+                }
+            }
+        } else if constexpr (FAST) {  // V rows run over positions: VL lanes cover a tile row, 8 positions each
+            constexpr int VL = CH / 8, ROWS = 32 / VL;
+            const int lr = lane % VL, rw = lane / VL;
+            const int vwriter = (lr & (VL / NH - 1)) == 0;
+            float pr[NH][8];
+#pragma unroll
+            for (int hh = 0; hh < NH; ++hh)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) pr[hh][i] = sc[hh][lr * 8 + i];
+#pragma unroll
+            for (int u = 0; u < HD / (FA_WARPS * ROWS); ++u) {
+                const int dd = (u * FA_WARPS + warp) * ROWS + rw;
+                float vv[8];
+                ld8<TK>(Vs + dd * VROW + lr * 8 * (int)sizeof(TK), vv);
+                float acc[NH];
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) {
+                    acc[hh] = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[hh] += pr[hh][i] * vv[i];
+                }
+                int hh;
+                const float o = group_sum_scatter<NH, VL>(acc, lane, hh);
+                if (vwriter) put_o(hh, dd, o);
+            }
+        } else if (p.vpos) {  // any strides, the head dim contiguous: a thread per dd, positions in turn
+            for (int dd = tid; dd < hd; dd += FA_THREADS) {
+                float acc[NH];
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
+                const char* vc = vb + dd * vd.nb[1] + j0 * vd.nb[0];
+                for (int jj = 0; jj < len; ++jj) {
+                    const float x = ld<TK>(vc + jj * vd.nb[0]);
+#pragma unroll
+                    for (int hh = 0; hh < NH; ++hh) acc[hh] += sc[hh][jj] * x;
+                }
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) put_o(hh, dd, acc[hh]);
+            }
+        } else {  // any strides: a warp per row, lanes over positions
+            for (int dd = warp; dd < hd; dd += FA_WARPS) {
+                float acc[NH];
+#pragma unroll
+                for (int hh = 0; hh < NH; ++hh) acc[hh] = 0.0f;
+                for (int jj = lane; jj < len; jj += 32) {
+                    const float x = ld<TK>(vb + dd * vd.nb[1] + (j0 + jj) * vd.nb[0]);
+#pragma unroll
+                    for (int hh = 0; hh < NH; ++hh) acc[hh] += sc[hh][jj] * x;
+                }
+                int hh;
+                const float o = group_sum_scatter<NH, 32>(acc, lane, hh);
+                if ((lane & (32 / NH - 1)) == 0) put_o(hh, dd, o);
+            }
+        }
     } else {  // nothing visible: m = -inf marks the chunk empty (weight 0, o = 0)
         if (tid < NH) put_ml(tid, NEG_INF, 0.0f);
         for (int e = tid; e < NH * hd; e += FA_THREADS) put_o(e / hd, e % hd, 0.0f);
@@ -795,6 +604,288 @@ extern "C" __global__ void __launch_bounds__(FC_THREADS)
     }
 }
 
+// Tensor cores (sm_80+; here while attention is their only user): ldmatrix loads 8x8 tiles of
+// 16-bit values from shared memory into the fragments mma.sync multiplies (lane l gives the
+// address of row l % 8 of tile l / 8; lane t gets the pair at row t / 4, columns 2 (t % 4) .. +1,
+// or with .trans the pair at rows 2 (t % 4) .. +1, column t / 4). mma16816: c (16x8 f32) += a
+// (16x16 f16, row-major) * b (16x8 f16, column-major).
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as an f16 pair (x in the low half), and the pair of what rounding left of them: a
+// float x is hi + lo to about 22 bits, so a product with an f16 operand keeps float accuracy
+// through two tensor-core rows.
+__device__ __forceinline__ void f16_split2(float x, float y, unsigned& hi, unsigned& lo) {
+    const u16 hx = f2h(x), hy = f2h(y);
+    hi = (unsigned)hx | ((unsigned)hy << 16);
+    lo = (unsigned)f2h(x - h2f(hx)) | ((unsigned)f2h(y - h2f(hy)) << 16);
+}
+
+template <class T> struct fa_f16 { static constexpr bool value = false; };
+template <> struct fa_f16<f16> { static constexpr bool value = true; };
+
+// Where 16-byte piece c of row r of a tile with ROWB-byte rows is staged for the tensor-core
+// build: swizzled so that ldmatrix's 8 rows at one piece fall in 8 different bank groups (rows a
+// power of two apart would all hit the same 4 banks, an 8-way conflict).
+template <int ROWB> __device__ __forceinline__ int fa_swz(int r, int c) {
+    static_assert(ROWB >= 64 && ROWB % 64 == 0, "tile rows of 64 or a multiple of 128 bytes");
+    if constexpr (ROWB >= 128) return c ^ (r & 7);
+    else return c ^ ((r >> 1) & 3);
+}
+
+// The tensor-core build of the F16 fast path (chunks of FA_CHUNK positions, head groups of at
+// least FA_MMA_HEADS; the entry point picks it): scores S = Q K^T and sums O = P V as mma.sync products over tiles
+// staged as the fast path stages them (K [CH][HD], V [HD][CH] or, VP, [CH][HD]; pieces swizzled).
+// The NH query heads are rows 0..NH of a 16-row A operand and what rounding to f16 left of them
+// rows 8..8 + NH; each thread holds rows g and g + 8 of a product, so their sum keeps float
+// accuracy: q (per head scaled by a power of two so its largest element is in [64, 128): no f16
+// overflow, few subnormal residues) and the softmax weights P. The warps split the chunk's
+// positions for S and the head dim for O; P goes through shared memory already in the A
+// fragments' layout. A chunk is a few dozen mma and ldmatrix a warp, where the scalar build's
+// work grows with the heads it serves (each K and V row multiplied NH times, reduced by shuffles).
+template <int NH, int HD, bool VP, int CH>
+__device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const char* q, const TDesc& qd,
+                                              const char* k, const TDesc& kd, const char* v, const TDesc& vd,
+                                              const char* mask, const TDesc& md, int mdt, const FaArgs& p,
+                                              float* ws, int* cnt) {
+    constexpr int KROW = HD * 2, VROW = CH * 2;       // tile row bytes
+    constexpr int KS = HD / 16;                       // k-steps of Q K^T
+    constexpr int PPW = CH / FA_WARPS, NT = PPW / 8;   // a warp's positions, in n-tiles of 8
+    constexpr int DPW = HD / FA_WARPS, DN = DPW / 8;   // a warp's head dims in P V, in n-tiles
+    static_assert(PPW % 8 == 0 && (NT == 1 || NT == 2) && DN % 2 == 0 && KS % 2 == 0 && NH <= 8, "tile split");
+    extern __shared__ __align__(16) char dyn[];  // the K tile, then the V tile
+    __shared__ float sc[NH][CH];                  // the mask
+    __shared__ __align__(16) unsigned pf[CH / 16][32][4];  // P as A fragments, a k-step of 16 positions each
+    __shared__ float red_m[FA_WARPS][8], red_l[FA_WARPS][8];
+    __shared__ float cml[NH][2];                  // cluster combine: the chunk's (m, l) and o per head
+    __shared__ __align__(16) float co[NH * HD];
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    const unsigned ALL = 0xffffffffu;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
+    const int h0 = (int)blockIdx.y * NH;
+    const char* kb = k + (h0 / p.r2) * kd.nb[2] + (i3 / p.r3) * kd.nb[3];
+    const char* vb = v + (h0 / p.r2) * vd.nb[2] + (i3 / p.r3) * vd.nb[3];
+    const char* qb = q + t * qd.nb[1] + (i64)h0 * qd.nb[2] + i3 * qd.nb[3];
+    const int S = (int)gridDim.x, split = (int)blockIdx.x;
+    const i64 j0 = (i64)split * CH;
+    const int len = (int)min((i64)CH, kd.ne[1] - j0);
+    const i64 R = (i64)gridDim.z * d.ne[2];
+    const bool cl = GG_CLUSTERS && p.cl;
+    auto row_of = [&](int hh) -> i64 { return (i64)blockIdx.z * d.ne[2] + h0 + hh; };
+    auto diag = [&](i64 j) -> bool { return p.n_past >= 0 && j > (i64)p.n_past + t; };
+    char* Ks = dyn;
+    char* Vs = dyn + CH * KROW;
+
+    // the K tile, then the V tile (rows past len zero-filled: weight 0, and 0 * NaN is not 0), as
+    // two cp.async groups
+    auto copy_tiles = [&]() {
+        constexpr int KP = KROW / 16, VPc = VROW / 16;  // 16-byte pieces a tile row
+#pragma unroll
+        for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
+            const int e = tid + i * FA_THREADS, r = e / KP, pc = e % KP;
+            if (r < len) cp_async16(Ks + r * KROW + fa_swz<KROW>(r, pc) * 16, kb + (j0 + r) * kd.nb[1] + pc * 16, 16);
+        }
+        cp_async_commit();
+        if constexpr (VP) {
+#pragma unroll
+            for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
+                const int e = tid + i * FA_THREADS, r = e / KP, pc = e % KP;
+                const bool in = r < len;
+                cp_async16(Vs + r * KROW + fa_swz<KROW>(r, pc) * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + pc * 16,
+                           in ? 16 : 0);
+            }
+        } else {
+            const char* v0 = vb + j0 * 2;
+#pragma unroll
+            for (int i = 0; i < HD * VPc / FA_THREADS; ++i) {
+                const int e = tid + i * FA_THREADS, dd = e / VPc, pc = e % VPc;
+                const int n = max(0, min(16, 2 * len - pc * 16));
+                cp_async16(Vs + dd * VROW + fa_swz<VROW>(dd, pc) * 16, v0 + dd * vd.nb[1] + (n ? pc * 16 : 0), n);
+            }
+        }
+        cp_async_commit();
+    };
+    const bool early = cl && p.early;  // short contexts: the tiles' round trip overlaps the mask's
+    if (early) copy_tiles();
+
+    // q: this thread's elements (head g, columns 16 ks + 2 c + {0, 1, 8, 9}) as A fragments
+    float qf[HD / 4];
+#pragma unroll
+    for (int i = 0; i < HD / 4; ++i) {
+        const int col = (i >> 2) * 16 + 2 * c + (i & 1) + ((i >> 1) & 1) * 8;
+        qf[i] = g < NH ? ld<float>(qb + col * qd.nb[0] + g * qd.nb[2]) : 0.0f;
+    }
+    // the chunk's mask values, and whether any position is visible at all
+    const char* mbase = mask ? mask + (t % md.ne[1]) * md.nb[1] + (i3 % md.ne[3]) * md.nb[3] : nullptr;
+    int visible = !(p.post > 0.0f);  // post <= 0 turns -inf into +inf or NaN: never skip then
+    for (int jj = tid; jj < len; jj += FA_THREADS)
+#pragma unroll
+        for (int hh = 0; hh < NH; ++hh) {
+            const float m = mbase ? ld_dt(mbase + ((unsigned)(h0 + hh) % (unsigned)md.ne[2]) * md.nb[2] + (j0 + jj) * md.nb[0],
+                                          mdt)
+                                  : 0.0f;
+            sc[hh][jj] = m;
+            visible |= m != NEG_INF && !diag(j0 + jj);
+        }
+    visible = __syncthreads_or(visible);
+
+    float mx = NEG_INF, l = 0.0f, o[DN][4];  // head g's chunk max, this thread's share of its sum,
+#pragma unroll                               // the warp's head dims of its O
+    for (int n = 0; n < DN; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    if (visible) {
+        if (!early) copy_tiles();
+        float amax = 0.0f;  // the head's largest |q| (NaN elements stay NaN through the scaling)
+#pragma unroll
+        for (int i = 0; i < HD / 4; ++i) amax = fmaxf(amax, fabsf(qf[i]));
+        amax = fmaxf(amax, __shfl_xor_sync(ALL, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(ALL, amax, 2));
+        const int ex = amax > 0.0f && amax <= 3.0e38f
+                           ? min(100, max(-100, (int)((__float_as_uint(amax) >> 23) & 0xff) - 127 - 6)) : 0;
+        const float to_q = __uint_as_float((unsigned)(127 - ex) << 23);  // 2^-ex and 2^ex, exact
+        const float from_q = __uint_as_float((unsigned)(127 + ex) << 23);
+        unsigned qa[KS][4];
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            f16_split2(qf[4 * ks] * to_q, qf[4 * ks + 1] * to_q, qa[ks][0], qa[ks][1]);
+            f16_split2(qf[4 * ks + 2] * to_q, qf[4 * ks + 3] * to_q, qa[ks][2], qa[ks][3]);
+        }
+        cp_async_wait<1>();  // the K tile
+        __syncthreads();
+        // S: lanes 8 i .. 8 i + 7 address the rows of matrix i = piece 2 kk + i (k-steps kk, kk + 1)
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk += 2)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const int row = warp * PPW + j * 8 + (lane & 7), piece = 2 * kk + (lane >> 3);
+                unsigned b[4];
+                ldsm_x4(b, Ks + row * KROW + fa_swz<KROW>(row, piece) * 16);
+                mma16816(s[j], qa[kk], b[0], b[1]);
+                mma16816(s[j], qa[kk + 1], b[2], b[3]);
+            }
+        // the softmax: this thread's positions 8 j + 2 c + i of the warp's, head g
+        float x[NT][2], m = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int jj = warp * PPW + j * 8 + 2 * c + i;
+                const float dot = (s[j][i] + s[j][2 + i]) * from_q;
+                x[j][i] = g < NH && jj < len ? p.post * (diag(j0 + jj) ? NEG_INF : p.cx * dot + sc[g][jj]) : NEG_INF;
+                m = max_nan(m, x[j][i]);
+            }
+        m = max_nan(m, __shfl_xor_sync(ALL, m, 1));
+        m = max_nan(m, __shfl_xor_sync(ALL, m, 2));
+        if (c == 0) red_m[warp][g] = m;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; ++w) mx = max_nan(mx, red_m[w][g]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float e0 = x[j][0] == NEG_INF || mx == NEG_INF ? 0.0f : expf(x[j][0] - mx);
+            const float e1 = x[j][1] == NEG_INF || mx == NEG_INF ? 0.0f : expf(x[j][1] - mx);
+            l += e0 + e1;
+            // n-tile J of the chunk is half J % 2 of k-step J / 2: registers 0, 1 (rows g, g + 8) or 2, 3
+            const int J = warp * NT + j;
+            unsigned hi, lo;
+            f16_split2(e0, e1, hi, lo);
+            pf[J >> 1][lane][(J & 1) * 2] = hi;
+            pf[J >> 1][lane][(J & 1) * 2 + 1] = lo;
+        }
+        cp_async_wait<0>();  // the V tile
+        __syncthreads();
+        // O = P V over the warp's head dims, two n-tiles an ldmatrix
+#pragma unroll
+        for (int ks = 0; ks < CH / 16; ++ks) {
+            const uint4 av = *(const uint4*)pf[ks][lane];
+            const unsigned a[4] = {av.x, av.y, av.z, av.w};
+#pragma unroll
+            for (int n = 0; n < DN; n += 2) {
+                const int d0 = warp * DPW + n * 8;
+                unsigned b[4];
+                if constexpr (VP) {  // rows are positions: matrices (+0, d0) (+8, d0) (+0, d0 + 8) (+8, d0 + 8), transposed
+                    const int row = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, piece = d0 / 8 + (lane >> 4);
+                    ldsm_x4_trans(b, Vs + row * KROW + fa_swz<KROW>(row, piece) * 16);
+                } else {  // rows are head dims: matrices (d0, +0) (d0, +8) (d0 + 8, +0) (d0 + 8, +8)
+                    const int row = d0 + (lane & 7) + (lane >> 4) * 8, piece = 2 * ks + ((lane >> 3) & 1);
+                    ldsm_x4(b, Vs + row * VROW + fa_swz<VROW>(row, piece) * 16);
+                }
+                mma16816(o[n], a, b[0], b[1]);
+                mma16816(o[n + 1], a, b[2], b[3]);
+            }
+        }
+    } else if (early) {
+        cp_async_wait<0>();  // no copy may land in a block that has left
+    }
+
+    // the chunk's (m, l) and o (m = -inf, l = 0, o = 0 where nothing is visible): to the
+    // workspace, or (cl) to shared memory for the cluster
+    l += __shfl_xor_sync(ALL, l, 1);
+    l += __shfl_xor_sync(ALL, l, 2);
+    if (c == 0) red_l[warp][g] = l;
+    __syncthreads();
+    if (tid < NH) {
+        float L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; ++w) L += red_l[w][tid];
+        float Mh = NEG_INF;
+        if (visible)
+#pragma unroll
+            for (int w = 0; w < FA_WARPS; ++w) Mh = max_nan(Mh, red_m[w][tid]);
+        if (cl) {
+            cml[tid][0] = Mh;
+            cml[tid][1] = L;
+        } else {
+            ws[(row_of(tid) * S + split) * 2] = Mh;
+            ws[(row_of(tid) * S + split) * 2 + 1] = L;
+        }
+    }
+    if (g < NH) {
+        float* wo = ws + fa_o_base(R, S) + (row_of(g) * S + split) * HD;
+#pragma unroll
+        for (int n = 0; n < DN; ++n) {
+            const int dd = warp * DPW + n * 8 + 2 * c;
+            const float o0 = o[n][0] + o[n][2], o1 = o[n][1] + o[n][3];
+            if (cl) {
+                co[g * HD + dd] = o0;
+                co[g * HD + dd + 1] = o1;
+            } else {
+                wo[dd] = o0;
+                wo[dd + 1] = o1;
+            }
+        }
+    }
+    if (cl) flash_cluster_finish<NH, HD>(dst, d, &cml[0][0], co);
+    else if (cnt) flash_finish<f16, NH, HD, CH>(dst, d, ws, cnt, dyn);
+}
+
+// The kernels' body: the tensor-core build where it exists (F16 fast builds of FA_CHUNK positions
+// and FA_MMA_HEADS heads or more), else flash_impl.
+template <class TK, int NH, int HD, bool VP, int CH>
+__device__ __forceinline__ void flash_entry(char* dst, const TDesc& d, const char* q, const TDesc& qd,
+                                            const char* k, const TDesc& kd, const char* v, const TDesc& vd,
+                                            const char* mask, const TDesc& md, int mdt, const FaArgs& p,
+                                            float* ws, int* cnt) {
+    if constexpr (FA_MMA_HEADS > 0 && NH >= FA_MMA_HEADS && CH == FA_CHUNK && HD > 0 && fa_f16<TK>::value)
+        flash_tc_impl<NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);
+    else
+        flash_impl<TK, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);
+}
+
 // Before the wait for the predecessor (the cache write: a latency-bound step, the DRAM idle):
 // the block's K and V tiles into L2, a line per thread, so the first wave's tiles are on their
 // way when the wait ends (decode, H100: 85.1 -> 84.1 us). Fast builds only (HD 64 or 128).
@@ -821,7 +912,7 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt) {                         \
         flash_l2_prefetch<T, NH, HD, VP, CH>(d, k, kd, v, vd, p);                                          \
         gg_grid_sync();                                                                                    \
-        flash_impl<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);             \
+        flash_entry<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);            \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V
 // layouts, in chunks of FA_CHUNK positions, and for short contexts in the host's short chunk C
