@@ -264,7 +264,8 @@ EPILOGUE_OPS = ("rope", "cpy", "set_rows")
 # more than the three launches it saves); twenty-seventh session 614.4-616.1 against 591.1-592.4,
 # the QKV step's increment in the replayed token 6.6 us against 2.7 + 3.1 for it and the three
 # steps. Since then the quantized builds request the epilogue's inputs before the row sums, as the
-# float ones do (kernels/quant.cu mv_run): not yet measured (A/B: --quant-epilogue).
+# float ones do (kernels/quant.cu mv_run): twenty-eighth session 630.1-630.4 against 598.9-599.4,
+# still slower.
 QUANT_EPILOGUE = False
 EPI_ROPES = _EPI_DEFINES["SIB_ROPES"]    # q and k
 EPI_WRITES = _EPI_DEFINES["SIB_WRITES"]  # K and V
