@@ -99,6 +99,59 @@ __device__ __forceinline__ int lanes_sum_scatter(float* acc, int lane) {
     return base;
 }
 
+// Where 16-byte piece c of row r of a tile with ROWB-byte rows is staged for the tensor-core
+// build: swizzled so that ldmatrix's 8 rows at one piece fall in 8 different bank groups (rows a
+// power of two apart would all hit the same 4 banks, an 8-way conflict).
+template <int ROWB> __device__ __forceinline__ int fa_swz(int r, int c) {
+    static_assert(ROWB >= 64 && ROWB % 64 == 0, "tile rows of 64 or a multiple of 128 bytes");
+    if constexpr (ROWB >= 128) return c ^ (r & 7);
+    else return c ^ ((r >> 1) & 3);
+}
+
+// Where piece c of row r of a tile with ROWB-byte rows goes (SWZ: fa_swz's place).
+template <int ROWB, bool SWZ> __device__ __forceinline__ char* fa_piece(char* tile, int r, int c) {
+    if constexpr (SWZ) return tile + r * ROWB + fa_swz<ROWB>(r, c) * 16;
+    else return tile + r * ROWB + c * 16;
+}
+
+// A chunk's K tile ([CH][HD]) and V tile ([HD][CH], or VP [CH][HD]) of the fast builds into shared
+// memory, every byte in flight at once, as two cp.async groups (K, then V): K rows past len are
+// not copied, V's are zero-filled (their weight is 0, and 0 * NaN is not). SWZ: pieces placed by
+// fa_swz (the tensor-core build's ldmatrix).
+template <class TK, int HD, bool VP, int CH, bool SWZ>
+__device__ __forceinline__ void fa_copy_tiles(char* Ks, char* Vs, const char* kb, const TDesc& kd, const char* vb,
+                                              const TDesc& vd, i64 j0, int len) {
+    if constexpr (HD > 0) {
+        constexpr int KROW = HD * (int)sizeof(TK), VROW = CH * (int)sizeof(TK);  // tile row bytes
+        constexpr int KP = KROW / 16, VPc = VROW / 16;                          // 16-byte pieces a row
+        const int tid = threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
+            const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
+            if (r < len) cp_async16(fa_piece<KROW, SWZ>(Ks, r, c), kb + (j0 + r) * kd.nb[1] + c * 16, 16);
+        }
+        cp_async_commit();
+        if constexpr (VP) {
+#pragma unroll
+            for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
+                const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
+                const bool in = r < len;
+                cp_async16(fa_piece<KROW, SWZ>(Vs, r, c), vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
+            }
+        } else {
+            const char* v0 = vb + j0 * (i64)sizeof(TK);
+            const int vlen = len * (int)sizeof(TK);
+#pragma unroll
+            for (int i = 0; i < HD * VPc / FA_THREADS; ++i) {
+                const int e = tid + i * FA_THREADS, dd = e / VPc, c = e % VPc;
+                const int n = max(0, min(16, vlen - c * 16));
+                cp_async16(fa_piece<VROW, SWZ>(Vs, dd, c), v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
+            }
+        }
+        cp_async_commit();
+    }
+}
+
 // HD > 0: the fast path for head size HD; HD == 0: the generic path (any head size <= FA_MAX_HD).
 // VP (fast path): V position-major, its tile staged like K's ([CH][HD]). CH: the fast path's
 // positions per block (FA_CHUNK, or the host's short chunk).
@@ -167,38 +220,11 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     };
     auto diag = [&](i64 j) -> bool { return p.n_past >= 0 && j > (i64)p.n_past + t; };
 
-    // fast path: every K and V byte of the chunk in flight at once (V positions past len
-    // zero-filled), as two cp.async groups (K, then V)
+    // fast path: the chunk's K and V tiles, every byte in flight at once (fa_copy_tiles)
     constexpr int KROW = FAST ? HD * (int)sizeof(TK) : 16, VROW = CH * (int)sizeof(TK);  // tile row bytes
     char* Ks = dyn;
     char* Vs = dyn + CH * KROW;
-    auto copy_tiles = [&]() {
-        constexpr int KP = KROW / 16, VP_ = VROW / 16;  // 16-byte pieces per tile row
-#pragma unroll
-        for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
-            const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
-            if (r < len) cp_async16(Ks + r * KROW + c * 16, kb + (j0 + r) * kd.nb[1] + c * 16, 16);
-        }
-        cp_async_commit();
-        if constexpr (VP) {  // like K; rows past len zero-filled (their weight is 0, 0 * NaN is not)
-#pragma unroll
-            for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
-                const int e = tid + i * FA_THREADS, r = e / KP, c = e % KP;
-                const bool in = r < len;
-                cp_async16(Vs + r * KROW + c * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + c * 16, in ? 16 : 0);
-            }
-        } else {
-            const char* v0 = vb + j0 * (i64)sizeof(TK);
-            const int vlen = len * (int)sizeof(TK);
-#pragma unroll
-            for (int i = 0; i < HD * VP_ / FA_THREADS; ++i) {
-                const int e = tid + i * FA_THREADS, dd = e / VP_, c = e % VP_;
-                const int n = max(0, min(16, vlen - c * 16));
-                cp_async16(Vs + dd * VROW + c * 16, v0 + dd * vd.nb[1] + (n ? c * 16 : 0), n);
-            }
-        }
-        cp_async_commit();
-    };
+    auto copy_tiles = [&]() { fa_copy_tiles<TK, HD, VP, CH, false>(Ks, Vs, kb, kd, vb, vd, j0, len); };
     // short contexts (cl): the tiles' round trip overlaps the mask's, at the price of reading the
     // tiles of chunks nobody sees (at most the cluster's 8 chunks a head group)
     const bool early = FAST && cl && p.early;
@@ -635,18 +661,9 @@ __device__ __forceinline__ void f16_split2(float x, float y, unsigned& hi, unsig
 template <class T> struct fa_f16 { static constexpr bool value = false; };
 template <> struct fa_f16<f16> { static constexpr bool value = true; };
 
-// Where 16-byte piece c of row r of a tile with ROWB-byte rows is staged for the tensor-core
-// build: swizzled so that ldmatrix's 8 rows at one piece fall in 8 different bank groups (rows a
-// power of two apart would all hit the same 4 banks, an 8-way conflict).
-template <int ROWB> __device__ __forceinline__ int fa_swz(int r, int c) {
-    static_assert(ROWB >= 64 && ROWB % 64 == 0, "tile rows of 64 or a multiple of 128 bytes");
-    if constexpr (ROWB >= 128) return c ^ (r & 7);
-    else return c ^ ((r >> 1) & 3);
-}
-
 // The tensor-core build of the F16 fast path (chunks of FA_CHUNK positions, head groups of at
-// least FA_MMA_HEADS; the entry point picks it): scores S = Q K^T and sums O = P V as mma.sync products over tiles
-// staged as the fast path stages them (K [CH][HD], V [HD][CH] or, VP, [CH][HD]; pieces swizzled).
+// least FA_MMA_HEADS; the entry point picks it): scores S = Q K^T and sums O = P V as mma.sync
+// products over tiles staged as the fast path stages them (fa_copy_tiles, pieces swizzled).
 // The NH query heads are rows 0..NH of a 16-row A operand and what rounding to f16 left of them
 // rows 8..8 + NH; each thread holds rows g and g + 8 of a product, so their sum keeps float
 // accuracy: q (per head scaled by a power of two so its largest element is in [64, 128): no f16
@@ -688,35 +705,7 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
     char* Ks = dyn;
     char* Vs = dyn + CH * KROW;
 
-    // the K tile, then the V tile (rows past len zero-filled: weight 0, and 0 * NaN is not 0), as
-    // two cp.async groups
-    auto copy_tiles = [&]() {
-        constexpr int KP = KROW / 16, VPc = VROW / 16;  // 16-byte pieces a tile row
-#pragma unroll
-        for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
-            const int e = tid + i * FA_THREADS, r = e / KP, pc = e % KP;
-            if (r < len) cp_async16(Ks + r * KROW + fa_swz<KROW>(r, pc) * 16, kb + (j0 + r) * kd.nb[1] + pc * 16, 16);
-        }
-        cp_async_commit();
-        if constexpr (VP) {
-#pragma unroll
-            for (int i = 0; i < CH * KP / FA_THREADS; ++i) {
-                const int e = tid + i * FA_THREADS, r = e / KP, pc = e % KP;
-                const bool in = r < len;
-                cp_async16(Vs + r * KROW + fa_swz<KROW>(r, pc) * 16, vb + (j0 + (in ? r : 0)) * vd.nb[0] + pc * 16,
-                           in ? 16 : 0);
-            }
-        } else {
-            const char* v0 = vb + j0 * 2;
-#pragma unroll
-            for (int i = 0; i < HD * VPc / FA_THREADS; ++i) {
-                const int e = tid + i * FA_THREADS, dd = e / VPc, pc = e % VPc;
-                const int n = max(0, min(16, 2 * len - pc * 16));
-                cp_async16(Vs + dd * VROW + fa_swz<VROW>(dd, pc) * 16, v0 + dd * vd.nb[1] + (n ? pc * 16 : 0), n);
-            }
-        }
-        cp_async_commit();
-    };
+    auto copy_tiles = [&]() { fa_copy_tiles<f16, HD, VP, CH, true>(Ks, Vs, kb, kd, vb, vd, j0, len); };
     const bool early = cl && p.early;  // short contexts: the tiles' round trip overlaps the mask's
     if (early) copy_tiles();
 
@@ -733,9 +722,8 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
     for (int jj = tid; jj < len; jj += FA_THREADS)
 #pragma unroll
         for (int hh = 0; hh < NH; ++hh) {
-            const float m = mbase ? ld_dt(mbase + ((unsigned)(h0 + hh) % (unsigned)md.ne[2]) * md.nb[2] + (j0 + jj) * md.nb[0],
-                                          mdt)
-                                  : 0.0f;
+            const i64 mo = ((unsigned)(h0 + hh) % (unsigned)md.ne[2]) * md.nb[2] + (j0 + jj) * md.nb[0];
+            const float m = mbase ? ld_dt(mbase + mo, mdt) : 0.0f;
             sc[hh][jj] = m;
             visible |= m != NEG_INF && !diag(j0 + jj);
         }
@@ -817,7 +805,7 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
             for (int n = 0; n < DN; n += 2) {
                 const int d0 = warp * DPW + n * 8;
                 unsigned b[4];
-                if constexpr (VP) {  // rows are positions: matrices (+0, d0) (+8, d0) (+0, d0 + 8) (+8, d0 + 8), transposed
+                if constexpr (VP) {  // rows are positions: (+0, d0) (+8, d0) (+0, d0 + 8) (+8, d0 + 8), transposed
                     const int row = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, piece = d0 / 8 + (lane >> 4);
                     ldsm_x4_trans(b, Vs + row * KROW + fa_swz<KROW>(row, piece) * 16);
                 } else {  // rows are head dims: matrices (d0, +0) (d0, +8) (d0 + 8, +0) (d0 + 8, +8)
