@@ -420,8 +420,8 @@ def test_flash_masked_rows_and_skipped_chunks(n_ctx, v, nkv):
 @pytest.mark.parametrize("v", ["t", "pos"])
 @pytest.mark.parametrize("q_scale", [1e5, 30.0, 1e-3])
 def test_flash_q_of_any_magnitude(q_scale, v):
-    """The F16 fast builds multiply q on tensor cores as f16 pairs, scaled per head by a power of
-    two first: q far past f16's range (1e5: unscaled, inf) or small enough that its rounding
+    """The F16 fast builds of 64 positions and 2+ heads a block (here 4) multiply q on tensor cores
+    as f16 pairs, scaled per head by a power of two first: q far past f16's range (1e5: unscaled, inf) or small enough that its rounding
     residue would be subnormal stays as accurate as float (heads of each magnitude in one block)."""
     case = Case(128, 700, 8, 2, 1, seed=11, n_ctx=704, v=v, q_scale=q_scale)
     case.q[:, ::2, :] *= 1e-3  # every other head a thousand times smaller
