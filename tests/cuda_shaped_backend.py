@@ -40,7 +40,8 @@ class CudaShapedBackend(CPUBackend):
         return families.src_dtype(node, i)
 
     def patterns(self) -> base.Patterns:
-        return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS)
+        return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS,
+                             families.siblings.EPI_STEP)
 
     def choose(self, ops, nodes, srcs=None):
         k = families.choose(tuple(ops), nodes, srcs or node_srcs)

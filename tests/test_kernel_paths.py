@@ -204,11 +204,13 @@ def test_every_kernel_waits_for_its_predecessor_first():
     the mat-vecs that wait themselves after reading only weights no step writes (launch.unwritten):
     the quantized ones (quant.cu mvs_impl, and mv_run through mul_mat_vec_impl / sibq_impl;
     test_quant_ops.py checks both orders give the same bits) and the float ones (mul_mat.cu
-    mmv_impl / mmvw_impl, siblings.cu sib_impl; test_float_matvecs_early_loads_change_nothing)."""
+    mmv_impl / mmvw_impl, siblings.cu sib_impl; test_float_matvecs_early_loads_change_nothing),
+    and the epilogue step that reads its positions and cache rows first (siblings.cu
+    epi_rows_impl: inputs no step writes)."""
     import re
     from gg.backends.cuda.compiler import KERNEL_DIR
     entries = 0
-    first = re.compile(r"(\w*l2_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?(gg_grid_sync\(\);|(mvs|mul_mat_vec|sibq|mmv|mmvw|sib)_impl<)")
+    first = re.compile(r"(\w*l2_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?(gg_grid_sync\(\);|(mvs|mul_mat_vec|sibq|mmv|mmvw|sib)_impl<|epi_rows_impl\()")
     for path in sorted(KERNEL_DIR.glob("*.cu")):
         text = path.read_text()
         for m in re.finditer(r'extern "C" __global__[^{]*\{', text):
@@ -217,7 +219,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
             entries += 1
     assert entries >= 17
     for name, file in (("mmv_impl", "mul_mat.cu"), ("mmvw_impl", "mul_mat.cu"), ("sib_impl", "siblings.cu"),
-                       ("mv_run", "quant.cu"), ("mvs_impl", "quant.cu")):  # ... and those do wait
+                       ("mv_run", "quant.cu"), ("mvs_impl", "quant.cu"),
+                       ("epi_rows_impl", "siblings.cu")):  # ... and those do wait
         text = (KERNEL_DIR / file).read_text()
         start = text.index("{", re.search(rf"void {name}\(", text).end())
         depth, end = 0, start

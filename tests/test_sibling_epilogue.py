@@ -115,6 +115,68 @@ def test_quantized_weights_keep_the_epilogue_off_by_default(rng):
     assert g.plan.steps[0].ops == PRODUCTS and g.plan.steps[0].kernel == "mul_mat_sibq_norm_q4_0_f32_qx_small"
 
 
+@pytest.mark.parametrize("mode", [NORMAL, NEOX])
+@pytest.mark.parametrize("write", ["cpy", "set_rows"])
+@pytest.mark.parametrize("wdt", [gg.Q4_0, gg.Q8_0])
+def test_epilogue_ops_a_product_does_not_take_are_one_step(rng, mode, write, wdt, monkeypatch):
+    """Quantized Wq/Wk/Wv (the products' step has no epilogue): rope(k), the two writes and rope(q)
+    become one step of their own right after the products (fuse_epilogue_steps, EpiRows), reading
+    the k, v and q vectors in that order; the roped k stays inside it, q leaves it. Without
+    siblings.EPI_STEP, four steps."""
+    g, p = _block(gg.Context(), rng, wdt=wdt, mode=mode, write=write, K=512, hd=64, nh=6, nkv=2)
+    plan = g.plan
+    assert [s.ops for s in plan.steps] == [PRODUCTS, ("rope", write, write, "rope"), ("scale",)]
+    epi = plan.steps[1]
+    assert epi.kernel == "sib_epilogue_rows_f32" and epi.choice.members == (128, 128, 384)
+    rope_k, write_k, write_v, rope_q = epi.nodes
+    assert rope_q is epi.out and rope_k not in epi.exports and rope_k not in plan.alloc.offsets
+    assert {write_k.root, write_v.root} == {p["K"], p["V"]}
+    monkeypatch.setattr(siblings, "EPI_STEP", False)
+    g, _ = _block(gg.Context(), rng, wdt=wdt, mode=mode, write=write, K=512, hd=64, nh=6, nkv=2)
+    assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope",), (write,), (write,), ("rope",), ("scale",)]
+
+
+def _stacked(ctx, rng, *, wdt=gg.Q4_0, K=512, hd=64, nh=6, nkv=2, mode=NEOX, n_past=9, n_ctx=24, one_rope=False):
+    """gg.llama's layout with a user's ops: one stacked QKV product (quantized), q and k roped as
+    views of it (one rope over both when `one_rope`, as a GGUF model's plan has it), k and v
+    written with set_rows into position-major caches; out = 2 * q."""
+    x, nw = ctx.tensor(rand(rng, 1, K) * 3.0), ctx.tensor(rand(rng, K))
+    W = random_weights(rng, wdt, (nh + 2 * nkv) * hd, K, ctx)
+    qkv = gg.mul_mat(W, gg.mul(gg.rms_norm(x, 1e-5), nw))
+    pos = ctx.tensor(np.array([n_past], np.int32))
+    f = qkv.nb[0]
+    if one_rope:
+        qk = gg.rope(gg.view_3d(qkv, hd, nh + nkv, 1, hd * f, hd * (nh + nkv) * f, 0), pos, hd, mode=mode)
+        q = gg.view_3d(qk, hd, nh, 1, qk.nb[1], qk.nb[2], 0)
+        k = gg.view_3d(qk, hd, nkv, 1, qk.nb[1], qk.nb[2], nh * hd * f)
+    else:
+        q = gg.rope(gg.view_3d(qkv, hd, nh, 1, hd * f, hd * nh * f, 0), pos, hd, mode=mode)
+        k = gg.rope(gg.view_3d(qkv, hd, nkv, 1, hd * f, hd * nkv * f, nh * hd * f), pos, hd, mode=mode)
+    v = gg.view_3d(qkv, hd, nkv, 1, hd * f, hd * nkv * f, (nh + nkv) * hd * f)
+    Kc, Vc = (ctx.new_tensor(gg.F16, (hd, n_ctx, nkv), persistent=True) for _ in range(2))
+    Kc.set(rand(rng, nkv, n_ctx, hd))
+    Vc.set(rand(rng, nkv, n_ctx, hd))
+    idx = ctx.tensor(np.array([n_past], np.int32))
+    g = gg.Graph(backends=("cuda", "cpu"))
+    for src, cache in ((k, Kc), (v, Vc)):
+        g.build_forward_expand(gg.set_rows(cache, gg.permute(src, 0, 2, 1, 3), idx))
+    out = gg.scale(gg.cont(q), 2.0)
+    g.build_forward_expand(out)
+    return g, dict(K=Kc, V=Vc, out=out, idx=idx, hd=hd, nkv=nkv)
+
+
+@pytest.mark.parametrize("one_rope", [False, True])
+def test_stacked_qkv_ropes_and_writes_are_one_step(rng, one_rope):
+    """A stacked quantized QKV: its ropes (of q and of k, disjoint rows of one vector, or one rope
+    of both) and the writes read one member vector."""
+    g, _ = _stacked(gg.Context(), rng, one_rope=one_rope)
+    ops = [s.ops for s in g.plan.steps]
+    assert ops[0] == ("rms_norm", "mul", "mul_mat")
+    epi = g.plan.steps[1]
+    assert epi.kernel == "sib_epilogue_rows_f32" and epi.choice.members == ((6 + 4) * 64,)
+    assert epi.ops == (("rope", "set_rows", "set_rows") if one_rope else ("rope", "set_rows", "set_rows", "rope"))
+
+
 @pytest.mark.parametrize("wdt", QUANT)
 @pytest.mark.parametrize("mode", [NORMAL, NEOX])
 def test_quantized_products_rope_and_write_in_one_step(rng, wdt, mode, quant_epilogue):
@@ -138,7 +200,9 @@ def test_quantized_neox_whose_pairs_leave_the_block_stays_a_step(rng, quant_epil
     the epilogue build of the same rows."""
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NEOX, K=576, hd=64)
     assert g.plan.steps[0].choice.per == 12 and g.plan.steps[0].kernel.endswith("_small")
-    assert g.plan.steps[0].ops == PRODUCTS and any(s.ops == ("rope",) for s in g.plan.steps)
+    # (they join no product: the epilogue step of their own takes them, siblings.EPI_STEP)
+    assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope", "cpy", "cpy", "rope"), ("scale",)]
+    assert g.plan.steps[1].kernel == "sib_epilogue_rows_f32"
     g, _ = _block(gg.Context(), rng, wdt=gg.Q4_0, mode=NORMAL, K=576, hd=64)
     assert g.plan.steps[0].ops == PRODUCTS + ("rope", "cpy", "cpy", "rope")
     assert g.plan.steps[0].choice.per == 12 and g.plan.steps[0].kernel == "mul_mat_sibq_norm_epi_q4_0_f32_qx_small"
@@ -190,8 +254,13 @@ def test_more_products_than_the_epilogue_builds_take_keep_their_epilogue_ops_as_
     assert _epi_step(g.plan).kernel == "mul_mat_sib_norm_epi_f16_f32_narrow"
     monkeypatch.setattr(siblings, "EPI_MAX_MEMBERS", 2)
     g, _ = _block(gg.Context(), rng)
-    assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope",), ("cpy",), ("cpy",), ("rope",), ("scale",)]
+    # the epilogue step of their own reads as many vectors: rope(k), the writes (k, v), not rope(q)
+    assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope", "cpy", "cpy"), ("rope",), ("scale",)]
     assert g.plan.steps[0].kernel == "mul_mat_sib_norm_f16_f32"
+    assert g.plan.steps[1].kernel == "sib_epilogue_rows_f32" and g.plan.steps[1].choice.members == (128, 128)
+    monkeypatch.setattr(siblings, "EPI_STEP", False)
+    g, _ = _block(gg.Context(), rng)
+    assert [s.ops for s in g.plan.steps] == [PRODUCTS, ("rope",), ("cpy",), ("cpy",), ("rope",), ("scale",)]
 
 
 def test_rope_read_before_its_write_is_stored(rng):
@@ -359,6 +428,67 @@ def test_quantized_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, 
     apart = _run(g2, p)
     for a, b in zip(got, apart):
         assert np.array_equal(a, b)
+
+
+@cuda
+@pytest.mark.parametrize("wdt,mode,write,hd,n_dims,nh,nkv,K,kdt,vdt", [
+    (gg.Q4_0, NEOX, "cpy", 128, 128, 4, 2, 1024, gg.F16, gg.F16),
+    (gg.Q4_1, NORMAL, "set_rows", 64, 64, 9, 3, 576, gg.F16, gg.F16),    # SmolLM2's heads
+    (gg.Q4_1, NEOX, "set_rows", 64, 64, 9, 3, 576, gg.F16, gg.F16),      # pairs leave the products' blocks
+    (gg.Q8_0, NEOX, "set_rows", 64, 32, 4, 4, 512, gg.F32, gg.BF16),     # rope of half of each head
+    (gg.Q8_0, NORMAL, "cpy", 48, 22, 6, 1, 320, gg.F16, gg.F32),         # n_dims / 2 odd, MQA
+    (gg.Q6_K, NEOX, "cpy", 96, 6, 3, 3, 768, gg.F16, gg.F16),            # pairs (0, 3) (1, 4) (2, 5)
+])
+def test_epilogue_step_matches_reference_and_the_steps_apart(rng, monkeypatch, wdt, mode, write, hd, n_dims, nh, nkv,
+                                                             K, kdt, vdt):
+    """The epilogue as a step of its own (sib_epilogue_rows_f32) after quantized products: q and the
+    written cache rows against float64, the other rows untouched, and the same bits as the rope
+    and the writes as steps of their own (siblings.EPI_STEP off)."""
+    ctx = gg.Context()
+    g, p = _block(ctx, rng, mode=mode, write=write, wdt=wdt, hd=hd, n_dims=n_dims, nh=nh, nkv=nkv, n_past=17, K=K,
+                  kdt=kdt, vdt=vdt)
+    K0, V0 = _caches(p)
+    assert g.plan.steps[1].kernel == "sib_epilogue_rows_f32"
+    got = _run(g, p)
+    q, k, v = _reference(p)
+    bound = nmse_vs_reference(g)
+    assert nmse(got[0], q) <= bound
+    for cache, before, want in ((got[1], K0, k), (got[2], V0, v)):
+        assert nmse(cache[:, 17].astype(np.float64), want) <= max(bound, 1e-5)  # F16 / BF16 caches
+        keep = np.ones(cache.shape[1], bool)
+        keep[17] = False
+        assert np.array_equal(cache[:, keep], before[:, keep])
+
+    p["K"].set(K0.reshape(p["K"].numpy().shape)), p["V"].set(V0.reshape(p["V"].numpy().shape))
+    monkeypatch.setattr(siblings, "EPI_STEP", False)
+    g2 = gg.build_forward(*g.outputs, backends=("cuda", "cpu"))
+    assert [s.ops for s in g2.plan.steps][1] == ("rope",)
+    apart = _run(g2, p)
+    for a, b in zip(got, apart):
+        assert np.array_equal(a, b)
+
+
+@cuda
+@pytest.mark.parametrize("one_rope", [False, True])
+def test_stacked_epilogue_step_equals_the_steps_apart(rng, monkeypatch, one_rope):
+    """The stacked QKV's epilogue step (two ropes of one vector, or one rope of both q and k): the
+    same bits as the steps apart; an index out of range is an error that writes nothing."""
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(siblings, "EPI_STEP", on)
+        g, p = _stacked(gg.Context(), np.random.default_rng(7), one_rope=one_rope)
+        assert (g.plan.steps[1].kernel == "sib_epilogue_rows_f32") == on
+        g.compute()
+        got[on] = [p["out"].numpy().copy(), p["K"].numpy().copy(), p["V"].numpy().copy()]
+    for a, b in zip(got[True], got[False]):
+        assert np.array_equal(a, b)
+    monkeypatch.setattr(siblings, "EPI_STEP", True)
+    g, p = _stacked(gg.Context(), rng, one_rope=one_rope, n_ctx=24)
+    p["idx"].set(np.array([24], np.int32))
+    K0 = p["K"].numpy().copy()
+    with pytest.raises(gg.BackendError, match="out of range"):
+        g.compute()
+    assert np.array_equal(p["K"].numpy(), K0)
 
 
 @cuda

@@ -29,11 +29,14 @@ class Patterns(NamedTuple):
     `chains` are op sequences one step can run (longest first), each intermediate feeding the
     next; `epilogue_ops` are one-node ops a product's step may also do for the rows it writes;
     `siblings` is the most one-column products of the same input one step may compute (0: the
-    backend merges none; gg/graph/siblings.py asks `supports` for each group it would make)."""
+    backend merges none; gg/graph/siblings.py asks `supports` for each group it would make);
+    `epilogue_steps`: where a product's step cannot take its epilogue ops, the backend runs them
+    as one step of their own (gg/graph/fuse.py fuse_epilogue_steps asks `supports` for the group)."""
 
     chains: tuple[tuple[str, ...], ...] = ()
     epilogue_ops: tuple[str, ...] = ()
     siblings: int = 0
+    epilogue_steps: bool = False
 
 
 class KernelChoice(Protocol):

@@ -108,6 +108,69 @@ def read_outside(t: Tensor, inside: set[Tensor], readers: dict[Tensor, list[Tens
     return False
 
 
+def _epilogue_group(steps: list[Step], i: int, lead: list[Step]) -> list[Step]:
+    """The one-node epilogue steps after the product step steps[i] that may join `lead` (the
+    product's step itself, or nothing for a step of their own; fuse_epilogues has the rules)."""
+    be = base.get(steps[i].backend)
+    epilogue_ops = be.patterns().epilogue_ops
+    made = set(steps[i].outs)
+    read = {s.root for n in steps[i].nodes for s in n.src}  # roots the group reads
+    written: set[Tensor] = set()                               # roots its writes write
+    passed: list[Step] = []                                    # steps it moves up past
+    passed_made: set[Tensor] = set()                           # roots they compute or write
+    passed_read: set[Tensor] = set()                           # roots they read
+    group, joined = list(lead), []
+    for nxt in steps[i + 1:]:
+        if len(passed) >= SKIP:
+            break
+        node = nxt.out
+        data = _data(node) if len(nxt.ops) == 1 else node
+        dst = _dst(node)
+        reads = {s.root for s in node.src if s is not dst}
+        if (len(nxt.ops) != 1 or nxt.ops[0] not in epilogue_ops or nxt.backend != steps[i].backend
+                or nxt.inserted or data.root not in made
+                or any(s.root in made for s in node.src if s is not data)
+                or reads & (written | passed_made)
+                or (dst is not None and dst.root in read | written | passed_read | passed_made)
+                or not be.supports(tuple(op for g in group for op in g.ops) + nxt.ops,
+                                   tuple(n for g in group for n in g.nodes) + (node,))):
+            if nxt.ops[0] in epilogue_ops:  # what follows a rope or write left out keeps its order
+                break
+            passed.append(nxt)
+            passed_made |= {n.root for n in nxt.nodes}
+            passed_read |= {s.root for n in nxt.nodes for s in n.src}
+            continue
+        group.append(nxt)
+        joined.append(nxt)
+        made.add(node)
+        read |= reads
+        if dst is not None:
+            written.add(dst.root)
+    return joined
+
+
+def _merged(group: list[Step], outs: set[Tensor], readers: dict[Tensor, list[Tensor]]) -> Step:
+    """One step for the steps of `group`: every value read after it (or an output, or a write into
+    a persistent tensor) is one of its `exports` and keeps its memory."""
+    group_nodes = tuple(n for g in group for n in g.nodes)
+    inside = set(group_nodes)
+    exports = tuple(n for n in group_nodes[:-1] if n in outs or node_info(n).writes_view
+                    or read_outside(n, inside, readers))
+    return Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend, exports=exports)
+
+
+def _readers(nodes: Sequence[Tensor]) -> dict[Tensor, list[Tensor]]:
+    readers: dict[Tensor, list[Tensor]] = {}
+    for n in nodes:
+        for src in set(n.src):
+            readers.setdefault(src, []).append(n)
+    return readers
+
+
+def _is_product(step: Step) -> bool:
+    return step.ops[-1] == "mul_mat" and not step.inserted
+
+
 def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
     """A step ending in mul_mat also does the one-node steps right after it that read only the
     rows it makes visible (its `outs`: a normalizing product, or each product of a sibling step),
@@ -123,59 +186,36 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
     ends the epilogue (what follows it keeps its order). Runs again after the
     siblings pass, which makes new product steps; a step it already extended no longer ends in
     mul_mat."""
-    readers: dict[Tensor, list[Tensor]] = {}
-    for n in nodes:
-        for src in set(n.src):
-            readers.setdefault(src, []).append(n)
+    readers = _readers(nodes)
     outs = set(outputs) | {t.root for t in outputs}
     result: list[Step] = []
     joined: set[Step] = set()
     for i in range(len(steps)):
         if steps[i] in joined:
             continue
-        group = [steps[i]]
-        if steps[i].ops[-1] == "mul_mat" and not steps[i].inserted:
-            be = base.get(steps[i].backend)
-            epilogue_ops = be.patterns().epilogue_ops
-            made = set(steps[i].outs)
-            read = {s.root for n in steps[i].nodes for s in n.src}  # roots the group reads
-            written: set[Tensor] = set()                               # roots its writes write
-            passed: list[Step] = []                                    # steps it moves up past
-            passed_made: set[Tensor] = set()                           # roots they compute or write
-            passed_read: set[Tensor] = set()                           # roots they read
-            for nxt in steps[i + 1:]:
-                if len(passed) >= SKIP:
-                    break
-                node = nxt.out
-                data = _data(node) if len(nxt.ops) == 1 else node
-                dst = _dst(node)
-                reads = {s.root for s in node.src if s is not dst}
-                if (len(nxt.ops) != 1 or nxt.ops[0] not in epilogue_ops or nxt.backend != steps[i].backend
-                        or nxt.inserted or data.root not in made
-                        or any(s.root in made for s in node.src if s is not data)
-                        or reads & (written | passed_made)
-                        or (dst is not None and dst.root in read | written | passed_read | passed_made)
-                        or not be.supports(tuple(op for g in group for op in g.ops) + nxt.ops,
-                                           tuple(n for g in group for n in g.nodes) + (node,))):
-                    if nxt.ops[0] in epilogue_ops:  # what follows a rope or write left out keeps its order
-                        break
-                    passed.append(nxt)
-                    passed_made |= {n.root for n in nxt.nodes}
-                    passed_read |= {s.root for n in nxt.nodes for s in n.src}
-                    continue
-                group.append(nxt)
-                made.add(node)
-                read |= reads
-                if dst is not None:
-                    written.add(dst.root)
-        if len(group) == 1:
-            result.append(steps[i])
-            continue
-        group_nodes = tuple(n for g in group for n in g.nodes)
-        inside = set(group_nodes)
-        exports = tuple(n for n in group_nodes[:-1] if n in outs or node_info(n).writes_view
-                        or read_outside(n, inside, readers))
-        result.append(Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend,
-                           exports=exports))
+        group = [steps[i]] + (_epilogue_group(steps, i, [steps[i]]) if _is_product(steps[i]) else [])
+        result.append(_merged(group, outs, readers) if len(group) > 1 else steps[i])
         joined.update(group)
+    return result
+
+
+def fuse_epilogue_steps(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
+    """The epilogue ops a product's step could not take (fuse_epilogues: a backend whose kernel for
+    that product has no epilogue) as one step of their own right after it, where the backend
+    declares it runs such groups (`Patterns.epilogue_steps`) and accepts this one: rope(q),
+    rope(k) and the K/V writes of a decode token in one launch instead of one a node. The same
+    steps, moved up by the same rules, as fuse_epilogues would have joined to the product."""
+    readers = _readers(nodes)
+    outs = set(outputs) | {t.root for t in outputs}
+    result: list[Step] = []
+    joined: set[Step] = set()
+    for i in range(len(steps)):
+        if steps[i] in joined:
+            continue
+        result.append(steps[i])
+        if _is_product(steps[i]) and base.get(steps[i].backend).patterns().epilogue_steps:
+            group = _epilogue_group(steps, i, [])
+            if len(group) > 1:
+                result.append(_merged(group, outs, readers))
+                joined.update(group)
     return result

@@ -10,7 +10,7 @@ from ..backends import base
 from .allocate import allocate
 from .assign import assign
 from .elide import elide_conts
-from .fuse import fuse, fuse_epilogues
+from .fuse import fuse, fuse_epilogue_steps, fuse_epilogues
 from .guards import guard_bytes
 from .insert import fold_casts, insert
 from .plan import Plan
@@ -44,7 +44,7 @@ def make_plan(graph: Graph) -> Plan:
     steps, where = assign(graph.nodes, graph.leafs, priority)
     if graph.fuse:
         steps = fuse_epilogues(fuse(steps, graph.nodes, kept), graph.nodes, kept)
-        steps = fuse_siblings(steps, graph.nodes, kept)
+        steps = fuse_epilogue_steps(fuse_siblings(steps, graph.nodes, kept), graph.nodes, kept)
         steps = elide_conts(steps, graph.nodes, kept)  # last: the fusions above rebuild steps without subst
     steps = insert(steps, where)
     if graph.fuse:

@@ -73,7 +73,8 @@ class CUDABackend:
         return families.after(prev, choice)
 
     def patterns(self) -> base.Patterns:
-        return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS)
+        return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS,
+                             families.siblings.EPI_STEP)
 
     # ---- running ------------------------------------------------------------------------------
     def _rt(self):

@@ -6,7 +6,9 @@ Block-quantized weights (all products of one type) run the same groups on the qu
 
 Groups this family runs (ops, in the Step's node order):
   [rms_norm, mul,] mul_mat x N                      N = 2..MAX_MEMBERS, every product exported
-  [rms_norm, mul,] mul_mat, mul_mat, silu|gelu, mul the gate's product first, then up's"""
+  [rms_norm, mul,] mul_mat, mul_mat, silu|gelu, mul the gate's product first, then up's
+  ... then rope / cpy / set_rows                    the epilogue (SibEpilogue)
+  rope / cpy / set_rows x 2..                       an epilogue as a step of its own (EpiRows)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,10 +59,16 @@ ACTIVATIONS = ("silu", "gelu")
 # streaming _norm builds (blocks.STREAM_NORM) obey it too: a 4-layer llama-3-8B-dims Q4_0 token
 # took 511.3 us with the norm in gate/up (29 MB re-read) and the head (50 MB), 475.3 with none.
 QUANT_NORM_BYTES_MAX = 24 * 2 ** 20
+# The rope and cache writes after a product whose step cannot take them (block-quantized weights,
+# QUANT_EPILOGUE off) run as one step of their own (EpiRows, kernels/siblings.cu
+# sib_epilogue_rows_f32: a thread a row) instead of one a node (gg/graph/fuse.py
+# fuse_epilogue_steps); False: one step a node, as before (A/B).
+EPI_STEP = True
+EPI_STEP_THREADS = 128
 _EPI_DEFINES = {"SIB_ROPES": 2, "SIB_WRITES": 2}  # kernels/epilogue.cuh: EPI_ROPES, EPI_WRITES (below)
 DEFINES = {"siblings.cu": {"SIB_MAX": MAX_MEMBERS, "SIB_EPI_MAX": EPI_MAX_MEMBERS, "SIB_ROWS": ROWS,
                            "SIB_ACT_ROWS": ACT_ROWS, "SIB_EPI_ROWS": EPI_ROWS, "SIB_THREADS": THREADS,
-                           "SIB_BATCH": BATCH, **_EPI_DEFINES},
+                           "SIB_BATCH": BATCH, "SIB_EPI_STEP_THREADS": EPI_STEP_THREADS, **_EPI_DEFINES},
            "quant.cu": _EPI_DEFINES}
 
 
@@ -107,11 +115,18 @@ def _split(ops: tuple[str, ...]) -> tuple[bool, int, str] | None:
     return None
 
 
+def _alone(ops: tuple[str, ...]) -> bool:
+    """An epilogue's ops as a step of their own (EpiRows)."""
+    return len(ops) >= 2 and all(op in EPILOGUE_OPS for op in ops)
+
+
 def claims(ops: tuple[str, ...]) -> bool:
-    return _split(ops) is not None or _epi_cut(ops) is not None
+    return _split(ops) is not None or _epi_cut(ops) is not None or _alone(ops)
 
 
 def choose(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs) -> Kernel | None:
+    if _alone(ops):
+        return _choose_alone(nodes, srcs)
     split = _split(ops)
     if split is None:
         return _choose_epi(ops, nodes, srcs)
@@ -190,6 +205,8 @@ def _norm_fits(nblocks: int, K: int) -> bool:
 
 
 def lower(rt, step, k: Kernel, what: str) -> list:
+    if isinstance(k, EpiRows):
+        return _lower_alone(rt, step, k, what)
     assert isinstance(k, Siblings)
     start = 2 if k.norm else 0
     if k.vecs:  # the streaming build (blocks.Vecs): the SwiGLU / GeGLU step, or one normalized product
@@ -246,7 +263,7 @@ def variants() -> list[Variant]:
                for qx in ("", "_qx") if not qx or t in blocks.QX_TYPES]
             + [Variant("quant.cu", f"mul_mat_sibq{norm}{act}_{t.name}_f32_qx_small")
                for t in blocks.QX_TYPES for norm in ("", "_norm") for act in ("", "_silu", "_gelu")]
-            + _epi_variants())
+            + _epi_variants() + [Variant("siblings.cu", "sib_epilogue_rows_f32")])
 
 
 # ---- the epilogue: rope and KV-cache writes of the products' rows --------------------------------
@@ -396,6 +413,22 @@ def _epilogue_of(k: Siblings, per: int, width: str, prods: Sequence[Tensor], tai
                  srcs: Srcs) -> Kernel | None:
     """k with the epilogue of `tail` over blocks of `per` rows (kernel name suffix `width`), or None
     where a rope's pairs would leave such blocks or the tail has ops the epilogue does not take."""
+    layout = _epi_layout(prods, tail, srcs, per)
+    if layout is None:
+        return None
+    ropes, writes, tbytes = layout
+    prefix = ("mul_mat_sibq" if k.quant else "mul_mat_sib") + ("_norm" if k.norm else "")
+    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):] + width, k.rows, k.norm, "", k.threads, per,
+                       k.quant, ropes=ropes, writes=writes, table=tbytes)
+
+
+def _epi_layout(prods: Sequence[Tensor], tail: Sequence[Tensor], srcs: Srcs, per: int, alone: bool = False
+                ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], int] | None:
+    """(ropes, writes, frequency-table bytes) of the epilogue ops `tail` over the rows of `prods`
+    (SibEpilogue's fields), or None where one of them is not an epilogue this layout takes. A
+    product's rows take one rope (epi_rows lays a block's rows out for it); `alone` (EpiRows,
+    whose threads find their partners by range) takes ropes of disjoint rows of one vector, such
+    as q and k of a stacked QKV."""
     ropes: list[tuple[Tensor, tuple[int, ...]]] = []
     writes: list[tuple[int, ...]] = []
     tbytes = 0
@@ -404,7 +437,8 @@ def _epilogue_of(k: Siblings, per: int, width: str, prods: Sequence[Tensor], tai
             return None
         if node.op == "rope":
             r = _epi_rope(node, prods, srcs, tbytes // 8, per)
-            if r is None or len(ropes) == EPI_ROPES or any(o[0] == r[0] for _, o in ropes):
+            if r is None or len(ropes) == EPI_ROPES or any(
+                    o[0] == r[0] and (not alone or o[1] < r[1] + r[2] and r[1] < o[1] + o[2]) for _, o in ropes):
                 return None
             ropes.append((node, r))
             tbytes += rope_family.table_bytes(node.params.n_dims)
@@ -413,12 +447,64 @@ def _epilogue_of(k: Siblings, per: int, width: str, prods: Sequence[Tensor], tai
             if w is None or len(writes) == EPI_WRITES:
                 return None
             writes.append(w)
-    prefix = ("mul_mat_sibq" if k.quant else "mul_mat_sib") + ("_norm" if k.norm else "")
-    return SibEpilogue(k.file, prefix + "_epi" + k.symbol[len(prefix):] + width, k.rows, k.norm, "", k.threads, per,
-                       k.quant, ropes=tuple(r for _, r in ropes), writes=tuple(writes), table=tbytes)
+    return tuple(r for _, r in ropes), tuple(writes), tbytes
 
 
-def _epi_args(rt, step, k: SibEpilogue, args: Args, what: str) -> None:
+# ---- the epilogue as a step of its own ---------------------------------------------------------
+@dataclass(frozen=True)
+class EpiRows(Kernel):
+    """An epilogue's rope and cache writes over rows earlier steps computed, as one step
+    (EPI_STEP): the rows of each member vector it reads (`members`, in _alone_members' order),
+    the ropes and writes as SibEpilogue lays them out, a thread a row."""
+
+    members: tuple[int, ...]
+    ropes: tuple[tuple[int, ...], ...]
+    writes: tuple[tuple[int, ...], ...]
+
+    @property
+    def blocks(self) -> int:
+        return -(-sum(self.members) // EPI_STEP_THREADS)
+
+
+def _alone_members(nodes: Sequence[Tensor], srcs: Srcs) -> list[Tensor]:
+    """The vectors an epilogue step reads its rows from: the roots of its ropes' and writes' data
+    that it does not make itself, in order of first use."""
+    inside = set(nodes)
+    members: list[Tensor] = []
+    for n in nodes:
+        data = srcs(n)[1] if n.op == "set_rows" else srcs(n)[0]
+        if data.root not in inside and data.root not in members:
+            members.append(data.root)
+    return members
+
+
+def _choose_alone(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+    members = _alone_members(nodes, srcs)
+    if (not EPI_STEP or not members or len(members) > EPI_MAX_MEMBERS
+            or any(m.dtype is not F32 or not m.is_contiguous() or m.nelements >= 2 ** 31 for m in members)):
+        return None
+    # a thread reads its rope partner wherever it is: any even `per` admits every rope the layout takes
+    layout = _epi_layout(members, nodes, srcs, 2, alone=True)
+    if layout is None:
+        return None
+    ropes, writes, tbytes = layout
+    k = EpiRows("siblings.cu", "sib_epilogue_rows_f32", tuple(m.nelements for m in members), ropes, writes,
+                table=tbytes)
+    return k if k.blocks <= GRID_X_MAX else None
+
+
+def _lower_alone(rt, step, k: EpiRows, what: str) -> list:
+    members = _alone_members(step.nodes, step.srcs)
+    pad = EPI_MAX_MEMBERS - len(members)
+    args = Args().words(*(addr(m) for m in members), *[0] * pad, *k.members, *[0] * pad)
+    _epi_args(rt, step, k, args, what)
+    inputs = [step.srcs(n)[1] for n in step.nodes if n.op == "rope"]  # positions
+    inputs += [step.srcs(n)[2] for n in step.nodes if n.op == "set_rows"]  # cache rows
+    args.i32(int(launch.may_read_early(step, *inputs)))
+    return [Launch(rt, k.file, k.symbol, (k.blocks, 1, 1), (EPI_STEP_THREADS, 1, 1), args, what=what)]
+
+
+def _epi_args(rt, step, k: SibEpilogue | EpiRows, args: Args, what: str) -> None:
     """The SibEpi parameter: addresses now, the layout as chosen."""
     tail = [n for n in step.nodes if n.op in EPILOGUE_OPS]
     ropes = [n for n in tail if n.op == "rope"]

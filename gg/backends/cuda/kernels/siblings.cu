@@ -25,8 +25,10 @@
 // The epilogue's inputs (position, frequencies, cache rows: sib_epi_load) are requested before the
 // block's barrier, while the other warps finish their sums (0.2-0.6 us of the 8-row F16 QKV step
 // of bench_forms' llama.cpp forms, H200).
-// SIB_MAX, SIB_EPI_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_EPI_ROWS, SIB_THREADS, SIB_BATCH, SIB_ROPES and
-// SIB_WRITES come from the host (families/siblings.py, as -D).
+// The same epilogue also runs as a step of its own (sib_epilogue_rows_f32, at the end) over rows a
+// product's step wrote, where that step has none (block-quantized weights).
+// SIB_MAX, SIB_EPI_MAX, SIB_ROWS, SIB_ACT_ROWS, SIB_EPI_ROWS, SIB_THREADS, SIB_BATCH,
+// SIB_EPI_STEP_THREADS, SIB_ROPES and SIB_WRITES come from the host (families/siblings.py, as -D).
 #include "epilogue.cuh"
 
 // All fields 8 bytes: the host packs the set as words.
@@ -260,3 +262,56 @@ __device__ __forceinline__ void sib_impl(const SibSetN<N>& s, const char* x, con
 GG_SIB_ALL(float, f32)
 GG_SIB_ALL(f16, f16)
 GG_SIB_ALL(bf16, bf16)
+
+// ---- the epilogue as a step of its own (families/siblings.py EpiRows) ------------------------------
+// The rope and K/V cache writes of rows an earlier step computed (a product whose step has no
+// epilogue: block-quantized weights), in one launch instead of one a node: a thread a row, which
+// reads its value and its rope partner's from the member vector and sends them through
+// sib_epilogue as the products' own epilogue would. Members: up to SIB_EPI_MAX F32 vectors.
+struct EpiSrcs {
+    const float* p[SIB_EPI_MAX];
+    i64 n[SIB_EPI_MAX];
+};
+// `early`: the position, frequencies and set_rows indices may be read before the wait (the host
+// found nothing in the plan writing them).
+__device__ __forceinline__ void epi_rows_impl(const EpiSrcs& s, const SibEpi& e, int early) {
+    i64 m = (i64)blockIdx.x * SIB_EPI_STEP_THREADS + threadIdx.x;
+    const float* src = s.p[0];
+    i64 n = s.n[0];
+    int member = 0;
+#pragma unroll
+    for (int k = 1; k < SIB_EPI_MAX; ++k)  // constant indices only (see sibq_impl)
+        if (member == k - 1 && m >= n) {
+            m -= n;
+            src = s.p[k];
+            n = s.n[k];
+            member = k;
+        }
+    const bool live = m < n;
+    SibPre pre;
+    if (live && early) sib_epi_load(e, member, m, pre);
+    gg_grid_wait();
+    gg_launch_dependents();
+    if (!live) return;
+    if (!early) sib_epi_load(e, member, m, pre);
+    const float v = src[m];
+    float x0 = v, x1 = v;
+    bool second = false;
+#pragma unroll
+    for (int k = 0; k < SIB_ROPES; ++k) {  // the member's rope (at most one) pairs m with its partner
+        const SibRope& r = e.r[k];
+        const i64 j = m - r.lo;
+        if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
+        const int c = (int)j % (int)r.hd, half = (int)r.n_dims / 2;
+        if (c >= (int)r.n_dims) continue;
+        second = r.neox ? c >= half : (c & 1);
+        const i64 other = r.neox ? (second ? m - half : m + half) : (second ? m - 1 : m + 1);
+        (second ? x0 : x1) = src[other];
+    }
+    sib_epilogue(e, pre, member, nullptr, m, v, x0, x1, second);
+}
+
+extern "C" __global__ void __launch_bounds__(SIB_EPI_STEP_THREADS) sib_epilogue_rows_f32(EpiSrcs s, SibEpi e,
+                                                                                        int early) {
+    epi_rows_impl(s, e, early);
+}
