@@ -39,6 +39,15 @@ for rev in "$@"; do  # a tree's kernels that differ from this one's add entries;
     rm -rf "$tmp/tree"
 done
 python3 -c "from gg.backends.cuda import compiler; print('%d.%d' % compiler.nvrtc_version())" > "$tmp/nvrtc-version"
+# only this tree's entries (with each CONSTS variant): a kept PACK_CACHE also holds every earlier
+# edit's, which would make the pack slow to write and too big to carry
+for c in "" ${CONSTS:-}; do python3 -c "import sys; sys.path.insert(0, 'scripts'); import plan_consts
+from gg.backends.cuda import catalog, compiler
+plan_consts.apply(['$c'] if '$c' else [])
+for f in catalog.files():
+    print('cubin/%s.cubin' % compiler.cache_key(compiler.source(f), compiler._headers(), compiler.OPTIONS + compiler.defines(f), '$arch'))"
+done > "$tmp/keep"
 # written aside and renamed: a device call started meanwhile carries the last whole pack, not a cut one
-tar -C "$tmp" -cJf .cubin.tar.xz.part cubin nvrtc-version && mv .cubin.tar.xz.part .cubin.tar.xz
-echo "wrote .cubin.tar.xz: $(ls "$tmp"/cubin | wc -l) CUBINs by NVRTC $(cat "$tmp/nvrtc-version"), $(du -h .cubin.tar.xz | cut -f1)"
+(cd "$tmp" && sort -u keep | while read -r e; do [ -f "$e" ] && echo "$e"; done > keep.present)
+tar -C "$tmp" -cJf .cubin.tar.xz.part -T "$tmp/keep.present" nvrtc-version && mv .cubin.tar.xz.part .cubin.tar.xz
+echo "wrote .cubin.tar.xz: $(wc -l < "$tmp/keep.present") CUBINs by NVRTC $(cat "$tmp/nvrtc-version"), $(du -h .cubin.tar.xz | cut -f1)"
