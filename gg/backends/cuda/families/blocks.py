@@ -93,10 +93,6 @@ MVS_BLOCKS_SM = 0
 # instead of a __threadfence by every thread before and after it (kernels/common.cuh
 # gg_last_block); 0: the fences (A/B: --const blocks.MVS_RELEASE=1)
 MVS_RELEASE = 0
-# > 1: a stage's rows land on this many mbarriers of their own (sm_90 bulk copies), and a block
-# multiplies each group of rows as soon as it is in, instead of waiting for all R (kernels/quant.cu
-# mvs_impl `split`); 1: one barrier a stage (A/B: --const blocks.MVS_LAND=4)
-MVS_LAND = 1
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
 # mul_mat_vec* and mul_mat_sibq* copy their first chunks of weights before the wait too (early_flag):
 # the small models' products (SmolLM2: every one), latency-bound, start with their weights on the way
@@ -114,7 +110,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
-                        "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE, "QUANT_MVS_LAND": MVS_LAND,
+                        "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
 
 

@@ -1132,22 +1132,16 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const bool aligned =
         (((unsigned long long)g.wb | (unsigned long long)g.nb1 | (unsigned long long)g.up | (unsigned)cb) & 15u) == 0;
     // ... and the last chunk too: sm_90 copies each row's chunk with one bulk copy (warp 0, a lane a
-    // row) counted on mbar[c & 1][group]; the 16-byte cp.async loop cost ~50 instructions a piece.
-    // LAND == 1: one barrier a stage, which only warp 0 waits on (the __syncthreads after the wait
-    // hands the stage to the others). LAND > 1 (`split`): the rows of a stage land on LAND barriers,
-    // row j on (j % R) / RG, and every thread waits on a group's barrier just before it multiplies
-    // those rows: a block multiplies its first rows while the rest are on the way, instead of
-    // holding nothing in flight while it multiplies all of them.
-    constexpr int LAND = QUANT_MVS_LAND < R ? QUANT_MVS_LAND : R, RG = R / LAND;
-    static_assert(LAND >= 1 && R % LAND == 0, "QUANT_MVS_LAND divides the rows of a group");
-    __shared__ __align__(8) unsigned long long mbar[2][LAND];
-    const bool bulk = GG_BULK_COPY && aligned && ((nblk * Q::BYTES) & 15) == 0, split = LAND > 1 && bulk;
+    // row) counted on mbar[c & 1], and only warp 0 waits on it (the __syncthreads after the wait
+    // hands the stage to the others); the 16-byte cp.async loop cost ~50 instructions a piece.
+    __shared__ __align__(8) unsigned long long mbar[2];
+    const bool bulk = GG_BULK_COPY && aligned && ((nblk * Q::BYTES) & 15) == 0;
 #if GG_BULK_COPY
     if (bulk && tid == 0) {
-        for (int i = 0; i < 2 * LAND; ++i) mbar_init(&mbar[i / LAND][i % LAND], 1);
+        mbar_init(&mbar[0], 1);
+        mbar_init(&mbar[1], 1);
         async_proxy_fence();
     }
-    if (split) __syncthreads();  // every thread waits on the barriers: initialized before any does
 #endif
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
@@ -1158,14 +1152,9 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             if (tid < 32) {
                 __syncwarp();  // the barriers' initialization (c = 0) or the stage's readers (c >= 2) first
                 if (c >= 2) async_proxy_fence();  // the stage's reads before the copies' writes
-                if (tid < LAND) {  // group tid's rows: RG of each slot's R, up to nr
-                    int n = 0;
-                    for (int s0 = 0; s0 < slots; ++s0) n += max(0, min(RG, nr - s0 * R - tid * RG));
-                    mbar_expect(&mbar[c & 1][tid], (unsigned)(n * bytes));
-                }
+                if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(nr * bytes));
                 __syncwarp();
-                for (int j = tid; j < nr; j += 32)
-                    bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1][(j % R) / RG]);
+                for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
             }
             return;
         }
@@ -1189,7 +1178,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     auto land = [&](int c) {
 #if GG_BULK_COPY
         if (bulk) {
-            if (tid < 32) mbar_wait(&mbar[c & 1][0], (unsigned)(c >> 1) & 1u);
+            if (tid < 32) mbar_wait(&mbar[c & 1], (unsigned)(c >> 1) & 1u);
             return;
         }
 #endif
@@ -1204,14 +1193,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #pragma unroll
     for (int m = 0; m < R; ++m) acc[m] = 0.0f;
     const bool early = pdl & QUANT_MVS_EARLY, late = pdl & QUANT_MVS_LATE;
-    // split: rows [RG grp, RG grp + RG) of chunk c in place (each thread waits for itself); with
-    // `late`, the last group lets the next kernel launch, as land() of the last chunk does
-    auto land_group = [&](int c, int grp) {
-#if GG_BULK_COPY
-        mbar_wait(&mbar[c & 1][grp], (unsigned)(c >> 1) & 1u);
-        if (late && c + 1 == nchunks && grp == LAND - 1) gg_launch_dependents();
-#endif
-    };
     // the dot loop reads row j's offset from here instead of redoing its 64-bit address arithmetic
     // (made visible by the loop's first __syncthreads)
     if (!aligned)
@@ -1230,24 +1211,17 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
-        if (!split) {
-            land(c);
-            if (late && c + 1 == nchunks) gg_launch_dependents();
-            __syncthreads();
-        } else if (!live) {
-            land_group(c, LAND - 1);
-        }
+        land(c);
+        if (late && c + 1 == nchunks) gg_launch_dependents();
+        __syncthreads();
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
             if (aligned) {  // every row at the start of its stage row: the same alignment, no guard, no
                 // offsets (rows past nr read stale stage bytes into sums that are never written)
 #pragma unroll
-                for (int m = 0; m < R; ++m) {
-                    if (split && m % RG == 0) land_group(c, m / RG);
-                    acc[m] = MVS<Q>::dot(sb + m * rs, ib & 3u, item % IPB, xb, acc[m]);
-                }
-            } else {  // (never split: split copies are bulk, bulk ones aligned)
+                for (int m = 0; m < R; ++m) acc[m] = MVS<Q>::dot(sb + m * rs, ib & 3u, item % IPB, xb, acc[m]);
+            } else {
                 const unsigned cc = (unsigned)c * (unsigned)cb;  // chunk c of row j starts (roff[j] + cc) & 15 off
 #pragma unroll
                 for (int m = 0; m < R; ++m) {
