@@ -159,14 +159,6 @@ def _merged(group: list[Step], outs: set[Tensor], readers: dict[Tensor, list[Ten
     return Step(tuple(op for g in group for op in g.ops), group_nodes, group[0].backend, exports=exports)
 
 
-def _readers(nodes: Sequence[Tensor]) -> dict[Tensor, list[Tensor]]:
-    readers: dict[Tensor, list[Tensor]] = {}
-    for n in nodes:
-        for src in set(n.src):
-            readers.setdefault(src, []).append(n)
-    return readers
-
-
 def _is_product(step: Step) -> bool:
     return step.ops[-1] == "mul_mat" and not step.inserted
 
@@ -186,17 +178,7 @@ def fuse_epilogues(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence
     ends the epilogue (what follows it keeps its order). Runs again after the
     siblings pass, which makes new product steps; a step it already extended no longer ends in
     mul_mat."""
-    readers = _readers(nodes)
-    outs = set(outputs) | {t.root for t in outputs}
-    result: list[Step] = []
-    joined: set[Step] = set()
-    for i in range(len(steps)):
-        if steps[i] in joined:
-            continue
-        group = [steps[i]] + (_epilogue_group(steps, i, [steps[i]]) if _is_product(steps[i]) else [])
-        result.append(_merged(group, outs, readers) if len(group) > 1 else steps[i])
-        joined.update(group)
-    return result
+    return _epilogue_pass(steps, nodes, outputs, alone=False)
 
 
 def fuse_epilogue_steps(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Step]:
@@ -205,17 +187,29 @@ def fuse_epilogue_steps(steps: list[Step], nodes: Sequence[Tensor], outputs: Seq
     declares it runs such groups (`Patterns.epilogue_steps`) and accepts this one: rope(q),
     rope(k) and the K/V writes of a decode token in one launch instead of one a node. The same
     steps, moved up by the same rules, as fuse_epilogues would have joined to the product."""
-    readers = _readers(nodes)
+    return _epilogue_pass(steps, nodes, outputs, alone=True)
+
+
+def _epilogue_pass(steps: list[Step], nodes: Sequence[Tensor], outputs: Sequence[Tensor], alone: bool) -> list[Step]:
+    """fuse_epilogues (alone False: each product's step with the epilogue steps it takes) or
+    fuse_epilogue_steps (alone True: the product's step, then its epilogue steps as one)."""
+    readers: dict[Tensor, list[Tensor]] = {}
+    for n in nodes:
+        for src in set(n.src):
+            readers.setdefault(src, []).append(n)
     outs = set(outputs) | {t.root for t in outputs}
     result: list[Step] = []
     joined: set[Step] = set()
     for i in range(len(steps)):
         if steps[i] in joined:
             continue
-        result.append(steps[i])
-        if _is_product(steps[i]) and base.get(steps[i].backend).patterns().epilogue_steps:
-            group = _epilogue_group(steps, i, [])
-            if len(group) > 1:
-                result.append(_merged(group, outs, readers))
-                joined.update(group)
+        group: list[Step] = []
+        if _is_product(steps[i]) and (not alone or base.get(steps[i].backend).patterns().epilogue_steps):
+            lead = [] if alone else [steps[i]]
+            group = lead + _epilogue_group(steps, i, lead)
+        if alone or len(group) < 2:
+            result.append(steps[i])
+        if len(group) >= 2:
+            result.append(_merged(group, outs, readers))
+            joined.update(group)
     return result

@@ -298,7 +298,7 @@ __device__ __forceinline__ void epi_rows_impl(const EpiSrcs& s, const SibEpi& e,
     float x0 = v, x1 = v;
     bool second = false;
 #pragma unroll
-    for (int k = 0; k < SIB_ROPES; ++k) {  // the member's rope (at most one) pairs m with its partner
+    for (int k = 0; k < SIB_ROPES; ++k) {  // the rope holding row m (ropes of a vector hold disjoint rows)
         const SibRope& r = e.r[k];
         const i64 j = m - r.lo;
         if (!r.n || r.member != member || j < 0 || j >= r.n) continue;
