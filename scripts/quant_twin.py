@@ -7,8 +7,10 @@ are what bench_models compares with llama.cpp).
 
     python3 scripts/quant_twin.py IN-F16.gguf OUT.gguf q4_0|q4_1|q8_0 [q6_k]
 
-A fourth argument gives output.weight that type instead, as llama-quantize does for its Q4_0 /
-Q4_1 files (a Q6_K head: random 6-bit values, int8 scales 1..8, d 2^-8).
+A fourth argument gives the output head that type instead, as llama-quantize does: output.weight,
+or token_embd.weight when the model ties its head to the embedding (SmolLM2: llama-quantize's
+Q4_1 file keeps a Q8_0 embedding, its 576-wide rows being no multiple of Q6_K's 256). A Q6_K head:
+random 6-bit values, int8 scales 1..8, d 2^-8.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ def main() -> int:
     src, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
     head = sys.argv[4] if len(sys.argv) > 4 else kind
 
-    def kind_of(name: str) -> str:
-        return head if name == "output.weight" else kind
     r = gguf.GGUFReader(src)
+    head_name = "output.weight" if any(t.name == "output.weight" for t in r.tensors) else "token_embd.weight"
+
+    def kind_of(name: str) -> str:
+        return head if name == head_name else kind
     w = gguf.GGUFWriter(out, "llama")
     for key, field in r.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
@@ -71,7 +75,7 @@ def main() -> int:
             raw[:, off:off + count] = rng.integers(1, 9, (n, count), dtype=np.uint8)
         w.write_tensor_data(raw.reshape(shape[0], -1))
     w.close()
-    print(f"wrote {out}: {len(plan)} tensors, matrices as {kind}, output.weight as {head}")
+    print(f"wrote {out}: {len(plan)} tensors, matrices as {kind}, {head_name} as {head}")
     return 0
 
 

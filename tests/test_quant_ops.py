@@ -211,6 +211,41 @@ def test_streaming_matvec_views_and_residual(dt, rows, k, lo, xoff, res, rng, mo
         xt.set(xa)
 
 
+# Short rows back to back, one chunk each (K = 576: a SmolLM2 head's 612-byte Q8_0, 360-byte Q4_1 and
+# 324-byte Q4_0 rows, off 16-byte boundaries) are one span of memory a block, copied whole
+# (kernels/quant.cu mvs_impl `dense`): sm_90's bulk copies where the span starts and ends on 16-byte
+# boundaries (28 or 112 rows a block from row 0), 16-byte pieces where it does not (`lo`: a view
+# from row 1 or 3; 1121 and 2243 rows: a last block of 1 or 3 rows). min_blocks 8: the head's 16
+# rows in 7 slots a block; else 4 rows.
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", [gg.Q8_0, gg.Q4_0, gg.Q4_1])
+@pytest.mark.parametrize("rows,lo,norm,min_blocks", [(4480, 0, True, 8), (4480, 0, False, 264), (4480, 1, False, 8),
+                                                     (1121, 0, False, 264), (2243, 3, True, 8)])
+def test_streaming_dense_spans(dt, rows, lo, norm, min_blocks, rng, monkeypatch):
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(blocks, "MVS_MIN_BLOCKS", min_blocks)
+    k = 576
+    ctx = gg.Context()
+    w_all = random_weights(rng, dt, rows + lo, k, ctx)
+    w = gg.view_2d(w_all, k, rows, w_all.nb[1], lo * w_all.nb[1])
+    xa = (rng.standard_normal(k) * 3).astype(np.float32)
+    nw = rng.standard_normal(k).astype(np.float32)
+    xt = ctx.tensor(xa)
+    y = gg.mul_mat(w, gg.mul(gg.rms_norm(xt, 1e-5), ctx.tensor(nw)) if norm else xt)
+    g = gg.build_forward(y, backends=("cuda",))
+    v = blocks.vecs(dt, rows, k, norm=norm)
+    assert v.slots == 7 and v.parts == 1 and v.R == (16 if min_blocks == 8 else 4)
+    assert [s.kernel for s in g.plan.steps] == [blocks.vecs_name(dt, v.R, norm)]
+    wd = w_all.numpy()[lo:].astype(np.float64)
+    for _ in range(2):
+        g.compute()
+        x64 = xa.astype(np.float64)
+        h = x64 / np.sqrt((x64 * x64).mean() + 1e-5) * nw if norm else x64
+        assert nmse(y.numpy().reshape(-1), wd @ h) <= NMSE_QUANT_ACTIVATIONS
+        xa = (rng.standard_normal(k) * 3).astype(np.float32)
+        xt.set(xa)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dt,k,parts", [(dt, k, parts) for dt in blocks.STREAM_TYPES
                                         for k, parts in [(14336, 1), (36864, 0), (4096, 0), (4128, 0)]

@@ -875,6 +875,9 @@ static_assert(QUANT_MVS_THREADS % 32 == 0 && QUANT_MVS_THREADS * 18 % 16 == 0, "
 // 2^20: a stage holds R <= 16 rows of the block's QUANT_MVS_THREADS items (slots side by side share
 // them), each item at most 34 bytes (Q8_0's).
 static_assert(QUANT_MVS_THREADS * 34 * 16 < (1 << 20), "a stage's bytes fit an mbarrier's transaction count");
+// A dense stage's span (short rows back to back, mvs_impl) goes as bulk copies of this many bytes,
+// one a lane of warp 0: a 49152 x 576 Q8_0 head's 112-row span (68.5 KB) is 17 copies.
+constexpr int MVS_DENSE_PIECE = 4096;
 
 // 32 activations as int8 (q[i]: elements 4i..4i+3) with their scale d, d * sum(q) (Q4_0's offset)
 // and the exact float sum (Q4_1's minimum).
@@ -1134,8 +1137,15 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     // ... and the last chunk too: sm_90 copies each row's chunk with one bulk copy (warp 0, a lane a
     // row) counted on mbar[c & 1], and only warp 0 waits on it (the __syncthreads after the wait
     // hands the stage to the others); the 16-byte cp.async loop cost ~50 instructions a piece.
+    // Short rows of one chunk lying back to back (nb1 = a row's bytes: a model's head, 576-wide
+    // rows of 612 / 360 / 324 bytes, off 16-byte boundaries) are one span of memory: it is copied
+    // whole into the stage at its offset from a 16-byte boundary, row j nb1 * j bytes on. Pieces a
+    // row (the path below) cost ~50 instructions each and left a 49152 x 576 Q8_0 head issue-bound
+    // (Nsight Compute: DRAM 20% busy, 127 instructions a byte row; docs/performance.md).
+    const bool dense = ACT == MV_ACT_NONE && !aligned && nchunks == 1 && g.nb1 == (i64)nblk * Q::BYTES;
+    const int dlo = (int)((unsigned long long)g.wb & 15u), dspan = nr * (int)g.nb1;  // < 2^31: a stage's
     __shared__ __align__(8) unsigned long long mbar[2];
-    const bool bulk = GG_BULK_COPY && aligned && ((nblk * Q::BYTES) & 15) == 0;
+    const bool bulk = GG_BULK_COPY && (dense ? dlo == 0 && (dspan & 15) == 0 : aligned && ((nblk * Q::BYTES) & 15) == 0);
 #if GG_BULK_COPY
     if (bulk && tid == 0) {
         mbar_init(&mbar[0], 1);
@@ -1145,6 +1155,24 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #endif
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
+        if (dense) {  // the span (c == 0): bulk copies of MVS_DENSE_PIECE bytes a lane of warp 0, or 16-byte pieces
+#if GG_BULK_COPY
+            if (bulk) {
+                if (tid < 32) {
+                    __syncwarp();  // the barrier's initialization first
+                    if (tid == 0) mbar_expect(&mbar[0], (unsigned)dspan);
+                    __syncwarp();
+                    for (int o = tid * MVS_DENSE_PIECE; o < dspan; o += 32 * MVS_DENSE_PIECE)
+                        bulk_copy(sb + o, g.wb + o, (unsigned)min(MVS_DENSE_PIECE, dspan - o), &mbar[0]);
+                }
+                return;
+            }
+#endif
+            const char* a = g.wb - dlo;  // 16-aligned: the pieces read no 16-byte run the span does not touch
+            for (int o = 16 * tid; o < dlo + dspan; o += 16 * NT) cp_async16(sb + o, a + o, min(16, dlo + dspan - o));
+            cp_async_commit();
+            return;
+        }
         const int bytes = min(tpr, items - c * tpr) / IPB * Q::BYTES;
         const i64 cco = (i64)c * cb;
 #if GG_BULK_COPY
@@ -1195,7 +1223,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     const bool early = pdl & QUANT_MVS_EARLY, late = pdl & QUANT_MVS_LATE;
     // the dot loop reads row j's offset from here instead of redoing its 64-bit address arithmetic
     // (made visible by the loop's first __syncthreads)
-    if (!aligned)
+    if (!aligned && !dense)
         for (int j = tid; j < nr; j += NT) roff[j] = (unsigned char)((unsigned long long)g.row(j) & 15u);
     if (early && nblk > 0) issue(0);
     gg_grid_wait();
@@ -1217,7 +1245,15 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
-            if (aligned) {  // every row at the start of its stage row: the same alignment, no guard, no
+            if (dense) {  // row j of the span at dlo + nb1 * j (a Q4_1 row 4-aligned: the host's rule)
+                const u8* sd = mvs_smem + dlo + ib;
+#pragma unroll
+                for (int m = 0; m < R; ++m) {
+                    const int j = slot * R + m;
+                    const u8* p = sd + j * (int)g.nb1;
+                    if (j < nr) acc[m] = MVS<Q>::dot(p, (unsigned)(dlo + ib + j * (int)g.nb1) & 3u, item % IPB, xb, acc[m]);
+                }
+            } else if (aligned) {  // every row at the start of its stage row: the same alignment, no guard, no
                 // offsets (rows past nr read stale stage bytes into sums that are never written)
 #pragma unroll
                 for (int m = 0; m < R; ++m) acc[m] = MVS<Q>::dot(sb + m * rs, ib & 3u, item % IPB, xb, acc[m]);
