@@ -5,7 +5,7 @@ gen_gguf.py output) replaced by random blocks of one quantized type with small f
 timing of gg's quantized kernels in a whole model when llama-quantize is not built (its files
 are what bench_models compares with llama.cpp).
 
-    python3 scripts/quant_twin.py IN-F16.gguf OUT.gguf q4_0|q4_1|q8_0 [q6_k]
+    python3 scripts/quant_twin.py IN-F16.gguf OUT.gguf q4_0|q4_1|q8_0 [q6_k|q8_0]
 
 A fourth argument gives the output head that type instead, as llama-quantize does: output.weight,
 or token_embd.weight when the model ties its head to the embedding (SmolLM2: llama-quantize's

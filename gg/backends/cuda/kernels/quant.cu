@@ -1141,9 +1141,9 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     // rows of 612 / 360 / 324 bytes, off 16-byte boundaries) are one span of memory: it is copied
     // whole into the stage at its offset from a 16-byte boundary, row j nb1 * j bytes on. Pieces a
     // row (the path below) cost ~50 instructions each and left a 49152 x 576 Q8_0 head issue-bound
-    // (Nsight Compute: DRAM 20% busy, 127 instructions a byte row; docs/performance.md).
+    // (Nsight Compute: DRAM 20% busy; docs/performance.md, thirtieth session).
     const bool dense = ACT == MV_ACT_NONE && !aligned && nchunks == 1 && g.nb1 == (i64)nblk * Q::BYTES;
-    const int dlo = (int)((unsigned long long)g.wb & 15u), dspan = nr * (int)g.nb1;  // < 2^31: a stage's
+    const int dlo = (int)((unsigned long long)g.wb & 15u), dspan = nr * (int)g.nb1;  // within the stage
     __shared__ __align__(8) unsigned long long mbar[2];
     const bool bulk = GG_BULK_COPY && (dense ? dlo == 0 && (dspan & 15) == 0 : aligned && ((nblk * Q::BYTES) & 15) == 0);
 #if GG_BULK_COPY
