@@ -1155,24 +1155,6 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #endif
     auto issue = [&](int c) {
         u8* sb = mvs_smem + (c & 1) * (nr * rs);
-        if (dense) {  // the span (c == 0): bulk copies of MVS_DENSE_PIECE bytes a lane of warp 0, or 16-byte pieces
-#if GG_BULK_COPY
-            if (bulk) {
-                if (tid < 32) {
-                    __syncwarp();  // the barrier's initialization first
-                    if (tid == 0) mbar_expect(&mbar[0], (unsigned)dspan);
-                    __syncwarp();
-                    for (int o = tid * MVS_DENSE_PIECE; o < dspan; o += 32 * MVS_DENSE_PIECE)
-                        bulk_copy(sb + o, g.wb + o, (unsigned)min(MVS_DENSE_PIECE, dspan - o), &mbar[0]);
-                }
-                return;
-            }
-#endif
-            const char* a = g.wb - dlo;  // 16-aligned: the pieces read no 16-byte run the span does not touch
-            for (int o = 16 * tid; o < dlo + dspan; o += 16 * NT) cp_async16(sb + o, a + o, min(16, dlo + dspan - o));
-            cp_async_commit();
-            return;
-        }
         const int bytes = min(tpr, items - c * tpr) / IPB * Q::BYTES;
         const i64 cco = (i64)c * cb;
 #if GG_BULK_COPY
@@ -1180,13 +1162,23 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             if (tid < 32) {
                 __syncwarp();  // the barriers' initialization (c = 0) or the stage's readers (c >= 2) first
                 if (c >= 2) async_proxy_fence();  // the stage's reads before the copies' writes
-                if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(nr * bytes));
+                if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(dense ? dspan : nr * bytes));
                 __syncwarp();
-                for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
+                if (dense)  // the span (c == 0) in MVS_DENSE_PIECE bytes a lane
+                    for (int o = tid * MVS_DENSE_PIECE; o < dspan; o += 32 * MVS_DENSE_PIECE)
+                        bulk_copy(sb + o, g.wb + o, (unsigned)min(MVS_DENSE_PIECE, dspan - o), &mbar[0]);
+                else
+                    for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
             }
             return;
         }
 #endif
+        if (dense) {  // the span in 16-byte pieces from the boundary at or below it: none reads a run the span misses
+            const char* a = g.wb - dlo;
+            for (int o = 16 * tid; o < dlo + dspan; o += 16 * NT) cp_async16(sb + o, a + o, min(16, dlo + dspan - o));
+            cp_async_commit();
+            return;
+        }
         int j = tid / nv, k = tid - j * nv;
 #pragma unroll 1
         while (j < nr) {
@@ -1246,12 +1238,10 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
             if (dense) {  // row j of the span at dlo + nb1 * j (a Q4_1 row 4-aligned: the host's rule)
-                const u8* sd = mvs_smem + dlo + ib;
 #pragma unroll
                 for (int m = 0; m < R; ++m) {
-                    const int j = slot * R + m;
-                    const u8* p = sd + j * (int)g.nb1;
-                    if (j < nr) acc[m] = MVS<Q>::dot(p, (unsigned)(dlo + ib + j * (int)g.nb1) & 3u, item % IPB, xb, acc[m]);
+                    const int j = slot * R + m, o = dlo + (int)ib + j * (int)g.nb1;  // its item's block in the stage
+                    if (j < nr) acc[m] = MVS<Q>::dot(mvs_smem + o, (unsigned)o & 3u, item % IPB, xb, acc[m]);
                 }
             } else if (aligned) {  // every row at the start of its stage row: the same alignment, no guard, no
                 // offsets (rows past nr read stale stage bytes into sums that are never written)
