@@ -2,7 +2,7 @@
 copy roof on the bytes it must read (the weights' stored bytes + x + y), F16 weights for scale.
 
     PYTHONPATH=. python3 bench/bench_quant.py [--small] [--types q8_0,q4_0,q4_1,q4_k,q6_k,f16] [--cols 1]
-        [--builds all|stream|int8|f32]
+        [--builds all|stream|int8|f32] [--shapes 49152x576,...] [--const FAMILY.NAME=N ...]
 
 One column of Q8_0 / Q4_0 / Q4_1 weights runs any of three builds (`--builds`): the streaming
 mat-vec (mul_mat_vecs_*_qx, gg's default), mul_mat_vec1 with int8 activations (dp4a: *_qx) or
@@ -17,7 +17,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import gg  # noqa: E402
+import plan_consts  # noqa: E402
 from gg.backends.cuda.families import blocks  # noqa: E402
 from common import copy_roof, dump, table, time_gg  # noqa: E402
 
@@ -44,8 +46,15 @@ def main() -> int:
     p.add_argument("--types", default=",".join(TYPES))
     p.add_argument("--cols", type=int, default=1, help="activation columns (1: decode)")
     p.add_argument("--builds", default="all", choices=("all", "stream", "int8", "f32"))
+    p.add_argument("--shapes", default=None, help="MxK,... (default: all of SHAPES)")
+    p.add_argument("--const", action="append", default=[], metavar="FAMILY.NAME=N",
+                   help="a CUDA family constant, as scripts/model_steps.py --const sets it (A/B)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    plan_consts.apply(args.const)
+    shapes = SHAPES[:3] if args.small else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     if not gg.backends.base.available("cuda"):
         print("bench_quant: no usable CUDA GPU", file=sys.stderr)
         return 2
@@ -53,7 +62,7 @@ def main() -> int:
     roof = copy_roof()
     print(f"copy roof (gg cont, 2 GiB): {roof / 1e9:.0f} GB/s\n")
     results = {}
-    for M, K in SHAPES[:3] if args.small else SHAPES:
+    for M, K in shapes:
         rows = []
         for name in args.types.split(","):
             dt = TYPES[name]

@@ -4,7 +4,7 @@ layer `alone` (a graph of that step only) and `+1 copy` (the whole plan with tha
 its cost on the critical path, boundaries included; timing only, results are nonsense).
 
     PYTHONPATH=. python3 scripts/model_steps.py MODEL.gguf [--n-ctx 512] [--layer 1] [--total]
-        [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--no-early-float] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
+        [--no-epilogue] [--quant-epilogue] [--no-stream] [--no-pdl] [--no-early-mv] [--no-early-float] [--dma-copies] [--argmax-cluster N] [--min-blocks N] [--no-l2-prefetch]
         [--fa-threads N] [--fa-chunk N] [--fa-short N] [--fa-short-blocks N] [--fa-cluster N] [--no-early-tiles] [--mv-rows T=N] [--mv1-rows T=N] [--sib-small-rows N] [--const FAMILY.NAME=N]   (A/B switches of the plan)
         [--decode N]   (also N tokens of decode_greedy, as gg bench's tg)
         [--trace FILE]   (a Chrome trace of the replay for scripts/trace_steps.py)
@@ -103,6 +103,7 @@ def _trace_decode(m, n: int, steps: int) -> None:
     reps = [ks[i * steps:(i + 1) * steps] for i in range(len(ks) // steps)][1:-1]  # whole tokens, not the ends
     span = [r[-1][1] - r[0][0] for r in reps]
     between = [b[0][0] - a[-1][1] for a, b in zip(reps, reps[1:])]
+    period = sorted(b[0][0] - a[0][0] for a, b in zip(reps, reps[1:]))  # start to start: any split of the kernels
     lo, hi = reps[0][0][0], reps[-1][-1][1]
     inside = [c for c in cs if lo <= c[0] <= hi]
     med = sorted(span)[len(span) // 2]
@@ -111,7 +112,7 @@ def _trace_decode(m, n: int, steps: int) -> None:
     names = sorted({c[2] for c in inside})
     print(f"decode trace: {len(reps)} tokens: replay span median {med:.1f} us, between replays median {gap:.1f} us "
           f"(min {min(between):.1f}, max {max(between):.1f}); {len(inside) / max(1, len(reps)):.1f} copies a token, "
-          f"{cdur:.1f} us of copy time a token ({', '.join(names)})")
+          f"{cdur:.1f} us of copy time a token ({', '.join(names)}); a token every {period[len(period) // 2]:.1f} us")
 
 
 def main() -> None:
@@ -138,6 +139,8 @@ def main() -> None:
     ap.add_argument("--stream-types", default=None, help="blocks.STREAM_TYPES by name, e.g. q4_0,q4_1")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
     ap.add_argument("--no-early", action="store_true", help="launch.EARLY_WEIGHTS off")
+    ap.add_argument("--dma-copies", action="store_true", help="staging.KERNEL_COPIES off: a decode step's "
+                    "inputs and token go as a DMA copy each, not through copy_pieces")
     ap.add_argument("--stream-norm", action="store_true", help="blocks.STREAM_NORM on")
     ap.add_argument("--fa-threads", type=int, default=None, help="attention.THREADS (flash block size)")
     ap.add_argument("--fa-chunk", type=int, default=None, help="attention.FAST_CHUNK (positions per flash block)")
@@ -214,6 +217,9 @@ def main() -> None:
     if a.no_early:
         from gg.backends.cuda import launch
         launch.EARLY_WEIGHTS = False
+    if a.dma_copies:
+        from gg.backends.cuda import staging
+        staging.KERNEL_COPIES = False
     if a.no_early_mv:
         blocks.EARLY_MATVEC = False
     if a.no_early_float:

@@ -7,9 +7,10 @@ Two halves:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Iterator, NamedTuple, Protocol, Sequence
 
 from ..dtypes import DType
 from ..errors import BackendError
@@ -183,3 +184,16 @@ def synchronize() -> None:
     """Wait for everything every instantiated backend has enqueued."""
     for b in list(_instances.values()):
         b.synchronize()
+
+
+@contextlib.contextmanager
+def gathered_writes() -> Iterator[None]:
+    """`Tensor.set` calls inside reach each device together when the scope ends (on CUDA: one
+    kernel launch for up to 8 small writes instead of a DMA copy each, ~2.5 µs of GPU time saved
+    a write between two decode steps). Anything that reads or computes inside the scope sees the
+    writes made before it. Backends without the optional `gathered_writes()` write at once."""
+    with contextlib.ExitStack() as scopes:
+        for b in {id(b): b for b in _instances.values()}.values():
+            if hasattr(b, "gathered_writes"):
+                scopes.enter_context(b.gathered_writes())
+        yield

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import llama as gl
 from .. import ops
+from ..backends.base import gathered_writes
 from ..context import Context
 from ..dtypes import F32, I32
 from ..errors import GGError
@@ -219,7 +220,8 @@ class Forward:
     feedback: bool = False
 
     def run(self, ids: Sequence[int], n_past: int) -> np.ndarray:
-        self.inputs.bind(np.asarray(ids, np.int32), n_past)
+        with gathered_writes():  # the inputs reach the GPU as one launch, not a copy each
+            self.inputs.bind(np.asarray(ids, np.int32), n_past)
         self.graph.compute()
         return self.out.numpy()
 
@@ -228,7 +230,8 @@ class Forward:
         returns the pending output (`.result()`)."""
         if ids is None and not self.feedback:
             raise GGError("model: this graph does not feed its tokens back; pass the token ids")
-        self.inputs.bind(None if ids is None else np.asarray(ids, np.int32), n_past)
+        with gathered_writes():
+            self.inputs.bind(None if ids is None else np.asarray(ids, np.int32), n_past)
         self.graph.compute(sync=False)
         return self.out.numpy_async()
 

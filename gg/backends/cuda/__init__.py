@@ -8,7 +8,8 @@ cuda.bindings on first use.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+import contextlib
+from typing import TYPE_CHECKING, Any, ContextManager, Sequence
 
 from ...dtypes import DType
 from ...errors import BackendError
@@ -93,8 +94,21 @@ class CUDABackend:
         return ExternalBuffer(self._rt(), ptr, nbytes, owner)
 
     def stream_handle(self) -> int:
-        """gg's stream as an integer handle (what DLPack's `stream=` arguments carry)."""
-        return self._rt().stream_handle
+        """gg's stream as an integer handle (what DLPack's `stream=` arguments carry), with every
+        write made so far enqueued on it."""
+        rt = self._rt()
+        with rt.enter():
+            rt.flush_writes()
+        return rt.stream_handle
+
+    def gathered_writes(self) -> ContextManager[None]:
+        """Small writes into this device's memory inside the scope go as one kernel launch at its
+        end (staging.Staging.gathered); nothing to gather before the device is first used."""
+        if not self._available:
+            return contextlib.nullcontext()
+        from . import runtime
+        rt = runtime.created(self.index)
+        return rt.staging().gathered() if rt is not None else contextlib.nullcontext()
 
     def prepare(self, steps: Sequence, memory):
         from .program import Program

@@ -47,6 +47,7 @@ class Program:
             self._run()
 
     def _run(self) -> None:
+        self.rt.flush_writes()  # inputs set inside a gathered() scope land before the steps read them
         self.rt.in_flight.extend(self.names)
         if len(self.rt.in_flight) > 256:  # many runs without a sync: keep the latest
             del self.rt.in_flight[:-64]
@@ -157,6 +158,7 @@ class Program:
         flags = cu.CUevent_flags.CU_EVENT_DEFAULT
         events = [check(cu.cuEventCreate(flags), "cuEventCreate")[0] for _ in range(len(self.steps) + 1)]
         try:
+            rt.flush_writes()
             check(cu.cuEventRecord(events[0], rt.stream), "cuEventRecord")
             for i, recs in enumerate(self.per_step):
                 for r in recs:

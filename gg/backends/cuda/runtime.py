@@ -21,7 +21,7 @@ from ...buffer import Ready
 from ...errors import BackendError, OutOfMemoryError
 from . import compiler
 from .driver import LOCK, check, cu
-from .staging import Readbacks, Staging
+from .staging import PieceCopies, Readbacks, Staging
 
 
 class _Release:
@@ -84,8 +84,9 @@ class Runtime:
         (self.device,) = check(cu.cuDeviceGet(self.ordinal), "cuDeviceGet")
         (self.context,) = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         self.context_id = int(self.context)  # the same for logical devices of one GPU
-        self._staging = None
+        self._staging: Staging | None = None
         self._readbacks: Readbacks | None = None
+        self._pieces: PieceCopies | None = None
         check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         A = cu.CUdevice_attribute
         (major,) = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "attr")
@@ -146,6 +147,18 @@ class Runtime:
             self._readbacks = Readbacks(self)
         return self._readbacks
 
+    def piece_copies(self) -> PieceCopies:
+        """The copy_pieces kernel of the small transfers (staging.py), loaded on first use."""
+        if self._pieces is None:
+            self._pieces = PieceCopies(self)
+        return self._pieces
+
+    def flush_writes(self) -> None:
+        """Launch the writes gathered so far (staging.Staging.gathered), so that what the caller
+        enqueues next sees them. Called before every launch, read and copy."""
+        if self._staging is not None and self._staging.batch:
+            self._staging.flush()
+
     def side_stream(self) -> Any:
         """A second stream, used only while capturing a CUDA graph (branches.py): its work joins
         the backend stream inside the graph, so nothing is ever left running on it."""
@@ -161,6 +174,7 @@ class Runtime:
             self._synchronize(what)
 
     def _synchronize(self, what: str) -> None:
+        self.flush_writes()
         steps, self.in_flight = self.in_flight, []
         if steps:
             shown = "; ".join(steps[-8:]) + (f" (and {len(steps) - 8} earlier)" if len(steps) > 8 else "")
@@ -273,6 +287,7 @@ class DeviceBuffer:
         if ptr and cu is not None:
             try:
                 with self.rt.enter():
+                    self.rt.flush_writes()  # a gathered write into it lands before it is freed
                     cu.cuStreamSynchronize(self.rt.stream)  # kernels in flight may still use it
                     cu.cuMemFree(ptr)
             except Exception:
@@ -338,6 +353,9 @@ def copy_between(dst: DeviceBuffer, dst_off: int, src: DeviceBuffer, src_off: in
         return
     src._bounds(src_off, nbytes)
     dst._bounds(dst_off, nbytes)
+    for rt in {src.rt, dst.rt}:
+        with rt.enter():
+            rt.flush_writes()
     if src.rt is dst.rt:
         with dst.rt.enter():
             check(cu.cuMemcpyDtoDAsync(dst.ptr + dst_off, src.ptr + src_off, nbytes, dst.rt.stream), "copying device memory")

@@ -5,12 +5,20 @@ A copy from pageable memory costs the driver a staging pass of its own (~25 µs 
 for a few bytes); from pinned memory it is one stream-ordered DMA. Writes are laid out in a ring;
 an event recorded after each copy says when its bytes may be reused, and a write only waits when
 it would overwrite a copy the GPU has not performed yet (the stream runs them in order).
+
+Between two replays of a decode graph every DMA copy is a stream transition of its own (~2.5 µs
+of GPU time each, twentieth session: 5.9 copies a token held 7-8 µs of copying in 26 µs). So the
+pinned memory is also mapped into the device's address space, and both directions can go through
+one kernel, `copy_pieces` (kernels/cpy.cu), that moves up to PIECES byte ranges: the writes made
+inside `Staging.gathered()` (a decode step's inputs) are one launch at its end, and a readback is
+one launch for the bytes and the error word.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -22,22 +30,78 @@ if TYPE_CHECKING:
 SIZE = 1 << 20        # ring bytes
 MAX_WRITE = 64 << 10  # larger writes go straight from pageable memory (their staging is amortized)
 ALIGN = 16
+PIECES = 8            # byte ranges one copy_pieces launch moves (kernels/cpy.cu CPY_PIECES)
+KERNEL_COPIES = True  # False: a DMA copy a transfer (cuMemcpy*Async), as before copy_pieces (A/B)
+
+
+def _mapped(nbytes: int, what: str) -> tuple[int, int]:
+    """Pinned host memory mapped into the device's address space: (host address, device address)."""
+    (ptr,) = check(cu.cuMemHostAlloc(nbytes, cu.CU_MEMHOSTALLOC_DEVICEMAP), f"cuMemHostAlloc ({what})")
+    (dev,) = check(cu.cuMemHostGetDevicePointer(ptr, 0), f"cuMemHostGetDevicePointer ({what})")
+    return int(ptr), int(dev)
+
+
+class PieceCopies:
+    """copy_pieces launches on the runtime's stream: up to PIECES (dst, src, nbytes) device-visible
+    byte ranges (device memory, mapped pinned memory) a launch, a block a range. The argument
+    block is reused: cuLaunchKernel copies it when called."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.fn = rt.function("cpy.cu", "copy_pieces")
+        self.arg = np.zeros(3 * PIECES + 1, np.int64)  # struct Pieces {dst[], src[], n[], count}
+        self.params = np.array([self.arg.ctypes.data], np.uint64)
+
+    def launch(self, pieces: list[tuple[int, int, int]], what: str) -> None:
+        assert 0 < len(pieces) <= PIECES
+        self.arg[:] = 0
+        for i, (dst, src, n) in enumerate(pieces):
+            self.arg[i], self.arg[PIECES + i], self.arg[2 * PIECES + i] = dst, src, n
+        self.arg[3 * PIECES] = len(pieces)
+        check(cu.cuLaunchKernel(self.fn, len(pieces), 1, 1, 128, 1, 1, 0, self.rt.stream,
+                                int(self.params.ctypes.data), 0), f"launching copy_pieces ({what})")
 
 
 class Staging:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        (ptr,) = check(cu.cuMemHostAlloc(SIZE, 0), "cuMemHostAlloc (staging ring)")
-        self.ptr = int(ptr)
+        self.ptr, self.dev = _mapped(SIZE, "staging ring")
         self.host = np.ctypeslib.as_array((ctypes.c_uint8 * SIZE).from_address(self.ptr))
         self.head = 0
         self.pending: deque = deque()  # (position, event) in stream order
         self.spare: list = []
+        self.depth = 0  # open gathered() scopes
+        self.batch: list[tuple[int, int, int]] = []  # gathered writes not yet launched: (dst, ring position, n)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The small writes made inside go to the device as copy_pieces launches (PIECES writes
+        each) when the outermost scope ends, or earlier when anything else would be enqueued
+        (`flush`: the runtime calls it before every launch, read and other copy)."""
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.flush()
+
+    def flush(self) -> None:
+        """Launch the gathered writes (stream order: before whatever the caller enqueues next)."""
+        if not self.batch:
+            return
+        batch, self.batch = self.batch, []
+        for i in range(0, len(batch), PIECES):
+            part = batch[i:i + PIECES]
+            self.rt.piece_copies().launch([(dst, self.dev + pos % SIZE, n) for dst, pos, n in part], "host -> device inputs")
+            self._record(part[0][1])
 
     def copy(self, dst: int, data: np.ndarray) -> bool:
-        """Enqueue dst <- data (uint8, contiguous) on the runtime's stream; False if too large."""
+        """Enqueue dst <- data (uint8, contiguous) on the runtime's stream; False if too large.
+        Inside gathered() with KERNEL_COPIES the write joins the batch instead."""
         n = data.size
         if n > MAX_WRITE:
+            self.flush()  # the caller's own copy comes after the writes made before it
             return False
         span = (n + ALIGN - 1) // ALIGN * ALIGN
         if self.head % SIZE + span > SIZE:
@@ -45,18 +109,30 @@ class Staging:
         start = self.head % SIZE
         self._wait_for(self.head + span - SIZE)
         self.host[start:start + n] = data
-        check(cu.cuMemcpyHtoDAsync(dst, self.ptr + start, n, self.rt.stream), "copying host -> device")
+        if self.depth and KERNEL_COPIES:
+            if any(d < dst + n and dst < d + m for d, _, m in self.batch):
+                self.flush()  # a launch's pieces are copied side by side: a rewrite goes in the next one
+            self.batch.append((dst, self.head, n))
+        else:
+            check(cu.cuMemcpyHtoDAsync(dst, self.ptr + start, n, self.rt.stream), "copying host -> device")
+            self._record(self.head)
+        self.head += span
+        return True
+
+    def _record(self, position: int) -> None:
+        """An event after the copies just enqueued, the first of them from ring position `position`."""
         ev = self.spare.pop() if self.spare else check(
             cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")[0]
         check(cu.cuEventRecord(ev, self.rt.stream), "cuEventRecord (staging)")
-        self.pending.append((self.head, ev))
-        self.head += span
-        return True
+        self.pending.append((position, ev))
 
     def _wait_for(self, limit: int) -> None:
         """Block until every copy from ring bytes written before stream position `limit` (head and
         entries count bytes ever staged, so position p sits at p % SIZE) has been performed. Copies
-        complete in stream order: waiting on the last such copy retires all of them."""
+        complete in stream order: waiting on the last such copy retires all of them. A batch
+        reaching there is launched first."""
+        if self.batch and self.batch[0][1] < limit:
+            self.flush()
         last = None
         while self.pending and self.pending[0][0] < limit:
             if last is not None:
@@ -80,8 +156,7 @@ class Readbacks:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         size = READ_SLOT * READ_SLOTS
-        (ptr,) = check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc (readback slots)")
-        self.ptr = int(ptr)
+        self.ptr, self.dev = _mapped(size, "readback slots")
         self.host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self.ptr))
         self.free = list(range(READ_SLOTS - 1, -1, -1))
         self.events: list = [None] * READ_SLOTS
@@ -92,10 +167,16 @@ class Readbacks:
         if n > READ_SLOT - 4 or not self.free:
             return None
         i = self.free.pop()
-        base = self.ptr + i * READ_SLOT
         stream = self.rt.stream
-        check(cu.cuMemcpyDtoHAsync(base, src, n, stream), "copying device -> host (async)")
-        check(cu.cuMemcpyDtoHAsync(base + READ_SLOT - 4, self.rt.err_word.ptr, 4, stream), "reading the error word")
+        self.rt.flush_writes()
+        if KERNEL_COPIES:  # one launch for both ranges, written into the slot's mapped memory
+            base = self.dev + i * READ_SLOT
+            self.rt.piece_copies().launch([(base, src, n), (base + READ_SLOT - 4, self.rt.err_word.ptr, 4)],
+                                                    "device -> host read")
+        else:
+            base = self.ptr + i * READ_SLOT
+            check(cu.cuMemcpyDtoHAsync(base, src, n, stream), "copying device -> host (async)")
+            check(cu.cuMemcpyDtoHAsync(base + READ_SLOT - 4, self.rt.err_word.ptr, 4, stream), "reading the error word")
         if self.events[i] is None:
             self.events[i] = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")[0]
         check(cu.cuEventRecord(self.events[i], stream), "cuEventRecord (readback)")

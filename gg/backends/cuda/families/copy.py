@@ -9,13 +9,14 @@ from typing import Sequence
 from ....dtypes import I32
 from ....tensor import Tensor, contiguous_strides
 from ..launch import Args, Launch, rows_config
+from ..staging import PIECES
 from .common import (FLOAT_NAMES, FLOATS, GRID_X_MAX, GRID_YZ_MAX, Kernel, Srcs, Variant, floats, group,
                      node_srcs, rows, vec_rows)
 
 COPIES = ("cpy", "cont", "cast")
 TILE = 32  # the transposing copy's tile (kernels/cpy.cu CPY_TILE)
 VEC_THREADS = 512  # 512 threads (each with two 16-byte groups in flight) measured 2% faster than 256
-DEFINES = {"cpy.cu": {"CPY_TILE": TILE}}
+DEFINES = {"cpy.cu": {"CPY_TILE": TILE, "CPY_PIECES": PIECES}}  # PIECES: the runtime's copy_pieces (staging.py)
 
 
 @dataclass(frozen=True)
@@ -85,4 +86,5 @@ def variants() -> list[Variant]:
     v = [Variant("cpy.cu", f"cpy_{s}_{d}") for s, d in product(FLOAT_NAMES, FLOAT_NAMES)]
     v.append(Variant("cpy.cu", "cpy_i32_i32"))
     v += [Variant("cpy.cu", f"cpy_t_{s}_{d}") for s, d in product(FLOAT_NAMES, FLOAT_NAMES)]
+    v.append(Variant("cpy.cu", "copy_pieces"))
     return v

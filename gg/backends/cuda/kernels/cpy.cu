@@ -110,3 +110,27 @@ __device__ __forceinline__ void cpy_t_impl(char* dst, const TDesc& d, const char
 GG_CPY_T_D(float, f32)
 GG_CPY_T_D(f16, f16)
 GG_CPY_T_D(bf16, bf16)
+
+// copy_pieces: up to CPY_PIECES byte ranges copied in one launch, a block a piece. The runtime's
+// small host <-> device transfers (gg/backends/cuda/staging.py): a decode step's inputs written
+// into its pinned ring are read from there (host memory mapped into the device's address space)
+// and its token and the error word written back into a pinned slot, where a DMA copy each cost
+// a stream transition each (~2.5 us of GPU time a copy between two CUDA graph replays).
+struct Pieces {
+    long long dst[CPY_PIECES], src[CPY_PIECES], n[CPY_PIECES];
+    long long count;
+};
+extern "C" __global__ void copy_pieces(Pieces p) {
+    gg_grid_sync();
+    if (blockIdx.x >= p.count) return;
+    unsigned char* d = (unsigned char*)p.dst[blockIdx.x];
+    const unsigned char* s = (const unsigned char*)p.src[blockIdx.x];
+    const long long n = p.n[blockIdx.x];
+    long long tail = 0;  // the bytes from here on go one at a time
+    if ((((unsigned long long)d | (unsigned long long)s) & 15u) == 0) {
+        for (long long w = threadIdx.x; 16 * w + 16 <= n; w += blockDim.x) ((uint4*)d)[w] = ((const uint4*)s)[w];
+        tail = n / 16 * 16;
+    }
+    for (long long i = tail + threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+    __threadfence_system();  // the host reads what this wrote once an event recorded after it completes
+}
