@@ -12,6 +12,7 @@
 #                                       FUZZ_TIMEOUT)
 #   bash scripts/gpu_session.sh bench   bench_forms, bench_split (two logical devices), memcheck of
 #                                       SAN_TESTS if given
+#   bash scripts/gpu_session.sh lcpp    start llama.cpp's build in the background and return
 #   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
 #                                       and llama.cpp side by side
 #   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
@@ -50,6 +51,9 @@ build_llamacpp() {  # in the background: llama-bench and llama-quantize (~4.5 mi
     fi
 }
 case "${1:-}" in
+lcpp)  # only llama.cpp's build, in the background: a later `models` of the same call finds it done or under way
+    build_llamacpp
+    ;;
 tests)
     build_llamacpp
     if [ -n "${PAR:-}" ]; then  # PAR="files|files|...": those groups as concurrent pytest processes (one GPU, 16 cores)
@@ -168,5 +172,5 @@ ncu)  # Nsight Compute sections of each kernel of one decode token of the twin (
         python3 scripts/ncu_model.py $T-$q.gguf > "$OUT/ncu_${TWIN_DIMS}_$q.csv" 2> "$OUT/ncu_err.log"
     echo "ncu exit $?: $(wc -l < "$OUT/ncu_${TWIN_DIMS}_$q.csv") lines"
     ;;
-*) echo "usage: gpu_session.sh tests|checks|bench|models|models8b|abbench|twin|prep|ncu"; exit 2 ;;
+*) echo "usage: gpu_session.sh lcpp|tests|checks|bench|models|models8b|abbench|twin|prep|ncu"; exit 2 ;;
 esac
