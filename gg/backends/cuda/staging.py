@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -71,9 +71,7 @@ class Staging:
         self.pending: deque = deque()  # (position, event) in stream order
         self.spare: list = []
         self.depth = 0  # open gathered() scopes
-        # copies not yet launched, in stream order: (dst, src, nbytes, ring position of a write or
-        # -1, what to do once launched or None)
-        self.batch: list[tuple[int, int, int, int, Callable[[], None] | None]] = []
+        self.batch: list[tuple[int, int, int]] = []  # gathered writes not yet launched: (dst, ring position, n)
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
@@ -88,42 +86,22 @@ class Staging:
             if self.depth == 0:
                 self.flush()
 
-    def defer(self, pieces: list[tuple[int, int, int]], position: int = -1,
-              done: Callable[[], None] | None = None) -> None:
-        """Add (dst, src, nbytes) copies to the batch, the next flush's launches; `position`: the
-        ring position a write's bytes sit at, `done`: called once the last piece is launched.
-        A launch copies its pieces side by side, so a piece touching bytes another one writes
-        (or, writing, bytes another reads) launches what came before it first."""
-        def overlap(a: int, b: int, n: int, m: int) -> bool:
-            return a < b + m and b < a + n
-        for dst, src, n in pieces:
-            if any(overlap(dst, d, n, m) or overlap(dst, s, n, m) or overlap(src, d, n, m) for d, s, m, _, _ in self.batch):
-                self.flush()
-                break
-        for k, (dst, src, n) in enumerate(pieces):
-            self.batch.append((dst, src, n, position, done if k == len(pieces) - 1 else None))
-
     def flush(self) -> None:
-        """Launch the batch (stream order: before whatever the caller enqueues next)."""
+        """Launch the gathered writes (stream order: before whatever the caller enqueues next)."""
         if not self.batch:
             return
         batch, self.batch = self.batch, []
         for i in range(0, len(batch), PIECES):
             part = batch[i:i + PIECES]
-            self.rt.piece_copies().launch([(d, s, n) for d, s, n, _, _ in part], "small transfers")
-            writes = [p for _, _, _, p, _ in part if p >= 0]
-            if writes:
-                self._record(writes[0])
-            for *_, done in part:
-                if done is not None:
-                    done()
+            self.rt.piece_copies().launch([(dst, self.dev + pos % SIZE, n) for dst, pos, n in part], "host -> device inputs")
+            self._record(part[0][1])
 
     def copy(self, dst: int, data: np.ndarray) -> bool:
         """Enqueue dst <- data (uint8, contiguous) on the runtime's stream; False if too large.
         Inside gathered() with KERNEL_COPIES the write joins the batch instead."""
         n = data.size
         if n > MAX_WRITE:
-            self.flush()  # the caller's own copy comes after the copies requested before it
+            self.flush()  # the caller's own copy comes after the writes made before it
             return False
         span = (n + ALIGN - 1) // ALIGN * ALIGN
         if self.head % SIZE + span > SIZE:
@@ -132,9 +110,10 @@ class Staging:
         self._wait_for(self.head + span - SIZE)
         self.host[start:start + n] = data
         if self.depth and KERNEL_COPIES:
-            self.defer([(dst, self.dev + start, n)], self.head)
+            if any(d < dst + n and dst < d + m for d, _, m in self.batch):
+                self.flush()  # a launch's pieces are copied side by side: a rewrite goes in the next one
+            self.batch.append((dst, self.head, n))
         else:
-            self.flush()
             check(cu.cuMemcpyHtoDAsync(dst, self.ptr + start, n, self.rt.stream), "copying host -> device")
             self._record(self.head)
         self.head += span
@@ -152,7 +131,7 @@ class Staging:
         entries count bytes ever staged, so position p sits at p % SIZE) has been performed. Copies
         complete in stream order: waiting on the last such copy retires all of them. A batch
         reaching there is launched first."""
-        if any(0 <= p < limit for _, _, _, p, _ in self.batch):
+        if self.batch and self.batch[0][1] < limit:
             self.flush()
         last = None
         while self.pending and self.pending[0][0] < limit:
@@ -189,26 +168,24 @@ class Readbacks:
             return None
         i = self.free.pop()
         stream = self.rt.stream
-        if self.events[i] is None:
-            self.events[i] = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")[0]
-        ev = self.events[i]
-        if KERNEL_COPIES:  # the bytes and the error word into the slot's mapped memory, in the next launch
-            base = self.dev + i * READ_SLOT  # of the batch (with the next step's inputs, in a decode loop)
-            self.rt.staging().defer([(base, src, n), (base + READ_SLOT - 4, self.rt.err_word.ptr, 4)],
-                                    done=lambda: check(cu.cuEventRecord(ev, stream), "cuEventRecord (readback)"))
+        self.rt.flush_writes()
+        if KERNEL_COPIES:  # one launch for both ranges, written into the slot's mapped memory
+            base = self.dev + i * READ_SLOT
+            self.rt.piece_copies().launch([(base, src, n), (base + READ_SLOT - 4, self.rt.err_word.ptr, 4)],
+                                                    "device -> host read")
         else:
-            self.rt.flush_writes()
             base = self.ptr + i * READ_SLOT
             check(cu.cuMemcpyDtoHAsync(base, src, n, stream), "copying device -> host (async)")
             check(cu.cuMemcpyDtoHAsync(base + READ_SLOT - 4, self.rt.err_word.ptr, 4, stream), "reading the error word")
-            check(cu.cuEventRecord(ev, stream), "cuEventRecord (readback)")
+        if self.events[i] is None:
+            self.events[i] = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")[0]
+        check(cu.cuEventRecord(self.events[i], stream), "cuEventRecord (readback)")
         return PendingRead(self, i, n)
 
     def collect(self, i: int, n: int) -> tuple[np.ndarray, int]:
         """Wait for slot i's copy; (its bytes, the error word then), and free the slot."""
         with self.rt.enter():
             try:
-                self.rt.flush_writes()  # a copy still in the batch is launched (and its event recorded)
                 check(cu.cuEventSynchronize(self.events[i]), "waiting for a device -> host copy")
                 base = i * READ_SLOT
                 data = self.host[base:base + n].copy()
