@@ -90,9 +90,10 @@ def _trace_decode(m, n: int, steps: int) -> None:
             pass
     import json
     import tempfile
-    with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    with tempfile.TemporaryDirectory() as d:  # by name: a handle opened before the export read an
+        prof.export_chrome_trace(d + "/t.json")  # empty file under torch 2.11 (thirty-first session)
+        with open(d + "/t.json") as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     ks = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") == "kernel")
     cs = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
                 if e.get("cat") == "gpu_memcpy")
