@@ -91,18 +91,21 @@ def test_ring_never_overwrites_pending_copies(monkeypatch, rng, gathered):
     monkeypatch.setattr(staging, "check", lambda r, what: r[1:] if isinstance(r, tuple) else ())
     ring = staging.Staging(_fake_rt(gpu))
     sent = {}
+    # ~6 MiB through a 1 MiB ring, wrapping several times: writes of up to MAX_WRITE, or (gathered)
+    # of up to what copy_pieces takes
+    top, count = (16 * staging.PIECE_THREADS, 6000) if gathered else (staging.MAX_WRITE, 200)
     with ring.gathered() if gathered else contextlib.nullcontext():
-        for i in range(200):  # ~6 MiB through a 1 MiB ring: wraps several times
-            n = int(rng.integers(1, staging.MAX_WRITE))
+        for i in range(count):
+            n = int(rng.integers(1, top + 1))
             data = rng.integers(0, 256, n, dtype=np.uint8)
             assert ring.copy((i + 1) << 20, data)  # destinations apart (overlaps launch apart)
             sent[(i + 1) << 20] = data.tobytes()
     assert not ring.batch              # the scope's end launched what it gathered
     gpu.finish()
     assert gpu.device == sent          # every write arrived intact, none was overwritten early
-    assert 0 < gpu.waits < 200         # it waited only when the ring wrapped onto pending copies
+    assert 0 < gpu.waits < count       # it waited only when the ring wrapped onto pending copies
     # gathered: a launch per PIECES writes, and one more wherever a wrap reached unlaunched writes
-    assert (gpu.launches >= 200 // staging.PIECES and gpu.launches < 200 // 2) if gathered else gpu.launches == 0
+    assert count // staging.PIECES <= gpu.launches < count // 2 if gathered else gpu.launches == 0
     assert not ring.copy(1, np.zeros(staging.MAX_WRITE + 1, np.uint8))  # too large: caller's job
 
 
@@ -115,7 +118,7 @@ def test_gathered_writes_launch_once_in_order(monkeypatch, rng):
     ring = staging.Staging(_fake_rt(gpu))
     with ring.gathered():
         for i in range(3):
-            assert ring.copy(100 + 1000 * i, rng.integers(0, 256, 4 + 500 * i, dtype=np.uint8))
+            assert ring.copy(4096 * (i + 1), rng.integers(0, 256, 4 + 500 * i, dtype=np.uint8))
         assert gpu.launches == 0 and len(ring.batch) == 3
     assert gpu.launches == 1 and not ring.batch
     with ring.gathered():
@@ -124,11 +127,18 @@ def test_gathered_writes_launch_once_in_order(monkeypatch, rng):
         assert gpu.launches == 2 and not ring.batch
     ring.copy(300, np.ones(8, np.uint8))
     assert gpu.launches == 2 and gpu.queue[-2][0] == "copy"
+    with ring.gathered():  # more than a load a thread (or an odd destination's byte a thread): a DMA copy
+        ring.copy(1 << 20, np.ones(8, np.uint8))
+        ring.copy(2 << 20, np.ones(16 * staging.PIECE_THREADS + 1, np.uint8))
+        assert gpu.launches == 3 and gpu.queue[-2][0] == "copy"  # after the gathered write before it
+        ring.copy((3 << 20) + 4, np.ones(staging.PIECE_THREADS + 1, np.uint8))
+        ring.copy((4 << 20) + 4, np.ones(staging.PIECE_THREADS, np.uint8))
+    assert gpu.launches == 4 and [q[0] for q in gpu.queue[-4:]] == ["copy", "event", "pieces", "event"]
     with ring.gathered():  # bytes written twice: the second write goes in a later launch
         ring.copy(400, np.full(16, 1, np.uint8))
         ring.copy(500, np.full(16, 2, np.uint8))
         ring.copy(404, np.full(4, 3, np.uint8))
-    assert gpu.launches == 4
+    assert gpu.launches == 6
     gpu.finish()
     assert gpu.device[400] == bytes([1] * 16) and gpu.device[404] == bytes([3] * 4)  # applied in order
 

@@ -31,7 +31,16 @@ SIZE = 1 << 20        # ring bytes
 MAX_WRITE = 64 << 10  # larger writes go straight from pageable memory (their staging is amortized)
 ALIGN = 16
 PIECES = 8            # byte ranges one copy_pieces launch moves (kernels/cpy.cu CPY_PIECES)
+PIECE_THREADS = 128   # a copy_pieces block (a range)
 KERNEL_COPIES = True  # False: a DMA copy a transfer (cuMemcpy*Async), as before copy_pieces (A/B)
+
+
+def gathers(dst: int, n: int) -> bool:
+    """A write copy_pieces takes: one 16-byte load a thread (16-aligned destination; the ring is
+    16-aligned) or one byte a thread. A thread's loads in turn are round trips to host memory one
+    after the other (its stores may alias its next loads), ~1 us each: a 4096-position mask (16
+    KiB) would cost more than its DMA copy, so larger writes keep theirs."""
+    return n <= (16 * PIECE_THREADS if dst % 16 == 0 else PIECE_THREADS)
 
 
 def _mapped(nbytes: int, what: str) -> tuple[int, int]:
@@ -58,7 +67,7 @@ class PieceCopies:
         for i, (dst, src, n) in enumerate(pieces):
             self.arg[i], self.arg[PIECES + i], self.arg[2 * PIECES + i] = dst, src, n
         self.arg[3 * PIECES] = len(pieces)
-        check(cu.cuLaunchKernel(self.fn, len(pieces), 1, 1, 128, 1, 1, 0, self.rt.stream,
+        check(cu.cuLaunchKernel(self.fn, len(pieces), 1, 1, PIECE_THREADS, 1, 1, 0, self.rt.stream,
                                 int(self.params.ctypes.data), 0), f"launching copy_pieces ({what})")
 
 
@@ -109,11 +118,12 @@ class Staging:
         start = self.head % SIZE
         self._wait_for(self.head + span - SIZE)
         self.host[start:start + n] = data
-        if self.depth and KERNEL_COPIES:
+        if self.depth and KERNEL_COPIES and gathers(dst, n):
             if any(d < dst + n and dst < d + m for d, _, m in self.batch):
                 self.flush()  # a launch's pieces are copied side by side: a rewrite goes in the next one
             self.batch.append((dst, self.head, n))
         else:
+            self.flush()  # after the writes gathered before it
             check(cu.cuMemcpyHtoDAsync(dst, self.ptr + start, n, self.rt.stream), "copying host -> device")
             self._record(self.head)
         self.head += span
@@ -172,7 +182,7 @@ class Readbacks:
         if KERNEL_COPIES:  # one launch for both ranges, written into the slot's mapped memory
             base = self.dev + i * READ_SLOT
             self.rt.piece_copies().launch([(base, src, n), (base + READ_SLOT - 4, self.rt.err_word.ptr, 4)],
-                                                    "device -> host read")
+                                          "device -> host read")
         else:
             base = self.ptr + i * READ_SLOT
             check(cu.cuMemcpyDtoHAsync(base, src, n, stream), "copying device -> host (async)")
