@@ -111,9 +111,12 @@ def to_dlpack(t: Tensor, stream: int | None = None) -> Any:
         raise DTypeError(f"__dlpack__: {t.label()} is {t.dtype.name}; DLPack export takes "
                          f"{', '.join(d.name for d in _TO_DL)}")
     buf, off = _exported_bytes(t)
-    if _on_cuda(buf) and stream != -1:
+    if _on_cuda(buf):
         from .backends import base
-        base.get(buf.backend).synchronize()  # gg's work is done before any consumer stream reads it
+        if stream != -1:
+            base.get(buf.backend).synchronize()  # gg's work is done before any consumer stream reads it
+        else:  # the consumer orders itself after gg's stream: every write made so far must be on it
+            cast("CUDABackend", base.get(buf.backend)).stream_handle()
     ndim = t.n_dims
     shape = (ctypes.c_int64 * ndim)(*t.ne[:ndim][::-1])
     strides = (ctypes.c_int64 * ndim)(*(b // t.dtype.size for b in t.nb[:ndim][::-1]))

@@ -87,13 +87,15 @@ class Staging:
         """The small writes made inside go to the device as copy_pieces launches (PIECES writes
         each) when the outermost scope ends, or earlier when anything else would be enqueued
         (`flush`: the runtime calls it before every launch, read and other copy)."""
-        self.depth += 1
+        with self.rt.enter():  # the driver lock: another thread's writes and launches wait
+            self.depth += 1
         try:
             yield
         finally:
-            self.depth -= 1
-            if self.depth == 0:
-                self.flush()
+            with self.rt.enter():
+                self.depth -= 1
+                if self.depth == 0:
+                    self.flush()
 
     def flush(self) -> None:
         """Launch the gathered writes (stream order: before whatever the caller enqueues next)."""
