@@ -116,6 +116,15 @@ def _trace_decode(m, n: int, steps: int) -> None:
           f"{cdur:.1f} us of copy time a token ({', '.join(names)}); a token every {period[len(period) // 2]:.1f} us")
 
 
+def _us(timing) -> float:
+    """A timing, or NaN for a step that runs only right after its neighbour (a carried norm's
+    reader: gg/graph/carry.py) where the timing puts it elsewhere."""
+    try:
+        return timing()
+    except gg.BackendError:
+        return float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -162,6 +171,9 @@ def main() -> None:
     ap.add_argument("--const", action="append", default=[], metavar="FAMILY.NAME=N",
                     help="any integer constant of a CUDA family module (matmul, blocks, siblings, attention, "
                          "reduce) or of launch, and its NVRTC define of the same name, e.g. matmul.MMVW_NORM_ROWS=4")
+    ap.add_argument("--drop", action="append", default=[], metavar="OPS",
+                    help="also the plan replayed without its steps of these ops (e.g. rms_norm+mul): the upper "
+                         "bound of a fusion that removes them (timing only: the values are wrong)")
     ap.add_argument("--trace", default="", help="a Chrome trace of 30 replays here (scripts/trace_steps.py)")
     ap.add_argument("--trace-decode", type=int, default=0, metavar="N",
                     help="N tokens of decode_greedy profiled: the GPU time between replays and its copies")
@@ -246,6 +258,9 @@ def main() -> None:
     full = replay_us(rt, steps, mem, iters=50)
     print(f"{m.name}: {len(steps)} steps, whole plan replayed {full:.1f} us ({1e6 / full:.0f} tokens/s "
           f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")
+    for ops in a.drop:
+        kept = [s for s in steps if "+".join(s.ops) != ops]
+        print(f"without the {len(steps) - len(kept)} steps {ops}: {replay_us(rt, kept, mem, iters=50):.1f} us")
     if a.decode:
         _token_loop(m, a.decode, full)
     if a.trace:
@@ -258,14 +273,14 @@ def main() -> None:
     total_dup = 0.0
     for i in layer_range(steps, a.layer):
         s = steps[i]
-        alone = replay_us(rt, [s] * 4, mem, iters=100) / 4
-        dup = replay_us(rt, steps[:i + 1] + [s] + steps[i + 1:], mem, iters=50) - full
-        total_dup += dup
+        alone = _us(lambda: replay_us(rt, [s] * 4, mem, iters=100) / 4)
+        dup = _us(lambda: replay_us(rt, steps[:i + 1] + [s] + steps[i + 1:], mem, iters=50) - full)
+        total_dup += 0.0 if np.isnan(dup) else dup
         print(f"{i:>3}  {'+'.join(s.ops):48} {str(s.kernel)[:40]:40} {alone:9.2f} {dup:11.2f}")
     print(f"sum of +1 copy over the layer: {total_dup:.1f} us")
     for i in (0, len(steps) - 3, len(steps) - 2, len(steps) - 1):
         s = steps[i]
-        alone = replay_us(rt, [s] * 4, mem, iters=100) / 4
+        alone = _us(lambda: replay_us(rt, [s] * 4, mem, iters=100) / 4)
         print(f"{i:>3}  {'+'.join(s.ops):48} {str(s.kernel)[:40]:40} {alone:9.2f}")
     np.set_printoptions(precision=2)
 

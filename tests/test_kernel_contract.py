@@ -90,8 +90,8 @@ def _lowered(graphs) -> tuple[_FakeRuntime, list]:
         records.append(self)
     launch.Launch.__init__ = init
     try:
-        with launch.bound(_FakeMemory()):
-            for g in graphs:
+        for g in graphs:  # bound with its steps: a lowering may ask for its neighbours (launch.following)
+            with launch.bound(_FakeMemory(), g.plan.steps):
                 for i, step in enumerate(g.plan.steps):
                     if step.backend == "cuda":
                         families.lower(rt, step, i)

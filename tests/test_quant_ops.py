@@ -379,7 +379,8 @@ def test_streaming_pdl_flags(monkeypatch):
 
     def flags(*names):  # of the second step of a plan of these steps
         steps = [stub_step(kinds[n][0], out, kinds[n][1]) for n in names]
-        return in_plan(lambda s: int(blocks.vecs_args(Args(), s, v, w)._vals[-1][0]), where, steps, 1)
+        # (the pdl flags, then the carried norm's four arguments)
+        return in_plan(lambda s: int(blocks.vecs_args(Args(), s, v, w)._vals[-5][0]), where, steps, 1)
     E, L = blocks.MVS_EARLY, blocks.MVS_LATE
     assert flags("rope", "vecs", "rope") == E
     assert flags("vecs", "vecs", "vecs") == E | L

@@ -1,6 +1,6 @@
 """The planner: assign -> fuse -> insert copies/casts (folding casts into their producer where
-legal) -> each choice next to the step before it (Backend.after) -> allocate. Never touches a
-device."""
+legal) -> carry norms across step boundaries (carry.py) -> each choice next to the step before it
+(Backend.after) -> allocate. Never touches a device."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..backends import base
 from .allocate import allocate
 from .assign import assign
+from .carry import carry_norms
 from .elide import elide_conts
 from .fuse import fuse, fuse_epilogue_steps, fuse_epilogues
 from .guards import guard_bytes
@@ -48,7 +49,7 @@ def make_plan(graph: Graph) -> Plan:
         steps = elide_conts(steps, graph.nodes, kept)  # last: the fusions above rebuild steps without subst
     steps = insert(steps, where)
     if graph.fuse:
-        steps = fold_casts(steps, kept)
+        steps = carry_norms(fold_casts(steps, kept), graph.nodes, kept)
     steps = _after_neighbours(steps)
     leaf_homes = {t: b for t, b in where.items() if t.op is None}
     return Plan(steps, allocate(steps, kept, guard=guard_bytes()), tuple(priority), list(graph.outputs),

@@ -73,6 +73,10 @@ class CUDABackend:
     def after(self, prev: families.Kernel | None, choice: families.Kernel) -> families.Kernel:
         return families.after(prev, choice)
 
+    def carry_norm(self, prev: families.Kernel | None, ops: tuple[str, ...], nodes: Sequence[Tensor],
+                   srcs=None) -> tuple[families.Kernel, families.Kernel] | None:
+        return families.carry_norm(prev, tuple(ops), nodes, srcs or families.node_srcs)
+
     def patterns(self) -> base.Patterns:
         return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS,
                              families.siblings.EPI_STEP)

@@ -89,6 +89,13 @@ def scratch(step: Any) -> int:
     return buf.ptr + off
 
 
+def table_addr(step: Any) -> int:
+    """Device address of the step's planned table bytes, written by no one here (a neighbour's
+    lowering reads what the step's kernel leaves there: blocks.carried)."""
+    buf, off = _memory.workspace(step, "table")
+    return buf.ptr + off
+
+
 def table(step: Any, values: np.ndarray) -> int:
     """Write `values` into the step's planned table bytes (Kernel.table); their device address."""
     buf, off = _memory.workspace(step, "table")

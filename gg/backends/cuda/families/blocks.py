@@ -10,6 +10,7 @@ from itertools import product
 import numpy as np
 
 from ....dtypes import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, DType
+from ....errors import BackendError
 from ....tensor import Tensor
 from .. import launch
 from ..launch import Args
@@ -103,6 +104,18 @@ MVS_PARTS = 0  # > 0: that many parts wherever rows allow (A/B); 0: one chunk a 
 # elements a matrix at most) replayed in 832 us with the streaming builds, 786 without; llama-3-8B
 # dims (4M-59M) gain (docs/performance.md).
 MVS_MIN_ELEMENTS = 2 ** 22
+# An rms_norm -> mul step between a streaming product and the streaming product(s) reading its row
+# (a llama layer's ffn norm between Wo + residual and gate/up; the output norm before the head)
+# leaves the plan (gg/graph/carry.py): the producer also writes its rows times the norm weight and
+# each row block's sum of squares (Vecs.carry_out, into its table), the reader quantizes those rows
+# and scales its sums by 1 / rms (Vecs.carry_in). The norm's step, ~3 us of latency, is gone, and
+# the reader's weights stream in under the producer's tail (no early copies behind a norm step:
+# launch.may_read_early). Upper bound measured first (scripts/model_steps.py --drop rms_norm+mul,
+# H200, 4-layer 8B-dims twins, n_ctx 128): Q8_0 471.8 -> 449.5 us, Q4_0 348.4 -> 324.1.
+# False: the norm keeps its step (A/B).
+CARRY_NORM = True
+CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
+CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
                         "QUANT_MV_THREADS": MV_THREADS, "QUANT_MV_ITEM": MV_ITEM, "QUANT_MV_STAGES": MV_STAGES,
                         "QUANT_MV_SLOTS": MV_SLOTS, "QUANT_MV_ROWS_N": MV_ROWS_MULTI, "QUANT_MV_NMAX": MAX_COLS,
@@ -111,7 +124,8 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
-                        "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE}}
+                        "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
+                        "QUANT_MVS_CARRY_LOADS": CARRY_LOADS}}
 
 
 def rows_2d(a: Tensor) -> bool:
@@ -206,6 +220,8 @@ class Vecs:
     weight_rows: int  # act: gate's and up's
     act: bool
     norm: bool = False  # x normalized on the way in (rms_norm(x) * w): a part's sum(x^2) follows its sums
+    carry_out: bool = False  # also writes y * (the next step's norm weight) and its row blocks' sum(y^2)
+    carry_in: int = 0  # x is such a producer's rows; this many sums of squares scale its own sums
 
     @property
     def out_per_block(self) -> int:
@@ -223,8 +239,17 @@ class Vecs:
 
     @property
     def table(self) -> int:
-        """A ticket (int32) per row block."""
+        """A ticket (int32) per row block (parts > 1); carry_out: then the carried rows (16-byte
+        aligned) and a sum of squares per row block (carried_offsets)."""
+        if self.carry_out:
+            rows, ss = self.carried_offsets()
+            return ss + 4 * self.row_blocks
         return 4 * self.row_blocks if self.parts > 1 else 0
+
+    def carried_offsets(self) -> tuple[int, int]:
+        """carry_out: byte offsets in the table of the carried rows and of the sums of squares."""
+        rows = -(-(4 * self.row_blocks if self.parts > 1 else 0) // 16) * 16
+        return rows, rows + -(-4 * self.weight_rows // 16) * 16
 
     def launch(self, dtype: DType) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
         """Grid, block and dynamic shared memory: one stage (two when a part is more than one chunk)
@@ -277,7 +302,26 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
         args.i32(1).ptr(0).ptr(0)
     else:
         args.i32(v.parts).ptr(launch.scratch(step)).ptr(launch.table(step, np.zeros(v.row_blocks, np.int32)))
-    return args.i32(flags)
+    args.i32(flags)
+    if v.carry_out:  # the next step's norm weight (the mul of its rms_norm -> mul), where its rows go
+        nxt = launch.following(step)
+        rows, ss = carried(step)
+        return args.ptr(launch.addr(nxt.srcs(nxt.nodes[1])[1])).ptr(rows).ptr(ss).i32(0)
+    if v.carry_in:
+        return args.ptr(0).ptr(0).ptr(carried(launch.preceding(step))[1]).i32(v.carry_in)
+    return args.ptr(0).ptr(0).ptr(0).i32(0)
+
+
+def carried(producer) -> tuple[int, int]:
+    """Device addresses of the rows and the sums of squares a carry_out step writes (its table),
+    for the norm reading them in the step right after it."""
+    v = getattr(producer.choice, "vecs", None) if producer is not None else None
+    if v is None or not v.carry_out:
+        raise BackendError("cuda: a step whose rms_norm is carried by the step before it runs only right after "
+                           "that step (planned together: gg/graph/carry.py)")
+    base = launch.table_addr(producer)
+    rows, ss = v.carried_offsets()
+    return base + rows, base + ss
 
 
 def early_flag(step, *weights: Tensor, matvec: bool = False) -> int:

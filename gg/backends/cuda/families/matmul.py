@@ -6,7 +6,7 @@ of a decode step done as its rows are finished (the planner's epilogue fusion)."
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 from typing import ClassVar, Sequence
@@ -395,6 +395,23 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
         return None
     lo, n = found
     return int(roped), lo + (rope_lo if roped else 0), n, b.ne[0], dst.ne[1]
+
+
+def carry_norm(prev: Kernel | None, ops: tuple[str, ...], nodes: Sequence[Tensor],
+               srcs: Srcs) -> tuple[Kernel, Kernel] | None:
+    """The choices of a streaming product (`prev`, writing one F32 row) and of the normalizing
+    group right after it (rms_norm -> mul -> gate/up or one product, reading that row) when the
+    product carries the norm (blocks.CARRY_NORM): it also writes its rows times the norm weight
+    and its row blocks' sums of squares, and the group streams those (Vecs carry_out / carry_in).
+    None where either build cannot."""
+    if not (blocks.CARRY_NORM and isinstance(prev, QuantMatVec) and prev.vecs is not None
+            and not prev.vecs.act and not prev.vecs.norm and prev.vecs.row_blocks <= blocks.CARRY_MAX):
+        return None
+    k = siblings.choose_carried(ops, nodes, srcs, prev.vecs.row_blocks)
+    if k is None:
+        return None
+    v = replace(prev.vecs, carry_out=True)
+    return replace(prev, vecs=v, table=v.table), k
 
 
 def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:

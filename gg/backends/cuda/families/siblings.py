@@ -11,7 +11,7 @@ Groups this family runs (ops, in the Step's node order):
   rope / cpy / set_rows x 2..                       an epilogue as a step of its own (EpiRows)"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Sequence
 
 import numpy as np
@@ -145,7 +145,17 @@ def choose_quant_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
     return k if len(nodes) == 3 else _with_epilogue(k, nodes[2:3], nodes[3:], srcs)
 
 
-def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
+def choose_carried(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs, partials: int) -> Kernel | None:
+    """A normalizing group (`rms_norm -> mul ->` one product, or gate/up with SwiGLU / GeGLU)
+    whose norm the step before carries (blocks.Vecs carry_in: it reads that step's rows times the
+    norm weight and `partials` sums of squares): the streaming build without the norm, else None."""
+    split = (True, 1, "") if ops == PROLOGUE + ("mul_mat",) else _split(ops)
+    if split is None or not split[0] or split[1] != 1 and not split[2]:
+        return None
+    return _choose(*split, nodes, srcs, carry=partials)
+
+
+def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs, carry: int = 0) -> Kernel | None:
     start = 2 if norm else 0
     prods = nodes[start:start + n]
     b = srcs(prods[0])[1]
@@ -182,6 +192,13 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs) -
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         streams = (act or norm and n == 1) and all(blocks.streams(a) for a in weights)
+        if carry:  # the norm's rows and sums come from the step before: the build without the norm
+            if not streams:
+                return None
+            v = replace(blocks.vecs(wdt, rows[0], K, act=bool(act)), carry_in=carry)
+            symbol = blocks.sibs_name(wdt, v.R, act) if act else blocks.vecs_name(wdt, v.R)
+            return Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
+                            vecs=v, scratch=v.scratch, table=v.table)
         v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm) if streams else None
         if v is not None and (not norm or blocks.STREAM_NORM and _norm_fits(v.row_blocks, K)):
             symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
@@ -214,11 +231,14 @@ def lower(rt, step, k: Kernel, what: str) -> list:
     if k.vecs:  # the streaming build (blocks.Vecs): the SwiGLU / GeGLU step, or one normalized product
         g = step.nodes[start]
         wg = step.srcs(g)[0]
-        if k.norm:
+        eps = step.nodes[0].params.eps if k.norm else 0.0
+        if k.vecs.carry_in:  # the rows the step before wrote (times the norm weight: no nw here)
+            x_addr, nw_addr = blocks.carried(launch.preceding(step))[0], 0
+        elif k.norm:
             rn, mul = step.nodes[0], step.nodes[1]
-            x, nw, eps = step.srcs(rn)[0], step.srcs(mul)[1], rn.params.eps
+            x_addr, nw_addr = addr(step.srcs(rn)[0]), addr(step.srcs(mul)[1])
         else:
-            x, nw, eps = step.srcs(g)[1], None, 0.0
+            x_addr, nw_addr = addr(step.srcs(g)[1]), 0
         grid, block, smem = k.vecs.launch(wg.dtype)
         weights: tuple[Tensor, ...] = (wg,)
         if k.act:
@@ -226,7 +246,7 @@ def lower(rt, step, k: Kernel, what: str) -> list:
             args, weights = Args().ptr(addr(wg)).ptr(addr(wu)).i64(wg.nb[1]), (wg, wu)
         else:
             args = Args().ptr(addr(wg)).i64(wg.nb[1])
-        args.ptr(addr(x)).ptr(addr(nw) if nw is not None else 0).f32(eps).ptr(addr(step.out))
+        args.ptr(x_addr).ptr(nw_addr).f32(eps).ptr(addr(step.out))
         if not k.act:
             args.ptr(0)  # no residual
         args.i64(g.ne[0]).i64(wg.ne[0])

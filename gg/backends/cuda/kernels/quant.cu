@@ -875,6 +875,8 @@ static_assert(QUANT_MVS_THREADS % 32 == 0 && QUANT_MVS_THREADS * 18 % 16 == 0, "
 // 2^20: a stage holds R <= 16 rows of the block's QUANT_MVS_THREADS items (slots side by side share
 // them), each item at most 34 bytes (Q8_0's).
 static_assert(QUANT_MVS_THREADS * 34 * 16 < (1 << 20), "a stage's bytes fit an mbarrier's transaction count");
+// a block's output rows (slots * R, R <= 16) are at most a row a thread: mvs_impl's carried norm
+static_assert(QUANT_MVS_SLOTS * 16 <= QUANT_MVS_THREADS, "a block writes at most a row a thread");
 // A dense stage's span (short rows back to back, mvs_impl) goes as bulk copies of this many bytes,
 // one a lane of warp 0: a 49152 x 576 Q8_0 head's 112-row span (68.5 KB) is 17 copies.
 constexpr int MVS_DENSE_PIECE = 4096;
@@ -1106,10 +1108,17 @@ struct MvsRows {
 // early copies fill this one's tail instead of competing with its loads.
 // NORM: x is normalized on the way in (rms_norm(x, eps) * nw); with parts each part's sum(x^2)
 // follows its row sums in `partial`.
+// A norm carried across the step boundary (blocks.Vecs carry_out / carry_in: the planner's
+// gg/graph/carry.py; the rms_norm step between two products leaves the plan): cw non-null, this
+// product also writes its rows times the norm weight (cy[r] = y[r] * cw[r]) and each row block's
+// sum of y^2 (css[row block], a fixed-order block sum); ncss > 0, x is such a producer's cy (the
+// norm's weight already in) and the row sums are scaled by 1 / rms from the ncss sums in css, added
+// up in a fixed order: the int8 quantization is scale invariant, as for NORM.
 template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, const float* nw,
                                          float eps, float* y, const float* res, i64 n_rows, int K, int parts,
-                                         float* partial, int* tickets, int pdl) {
+                                         float* partial, int* tickets, int pdl, const float* cw, float* cy,
+                                         float* css, int ncss) {
     constexpr int NT = QUANT_MVS_THREADS;
     extern __shared__ __align__(16) u8 mvs_smem[];
     __shared__ float red[R][NT / 32];
@@ -1221,6 +1230,8 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     gg_grid_wait();
     if (!late) gg_launch_dependents();
     if (!early && nblk > 0) issue(0);
+    float cs = 0.0f, cwv = 0.0f;  // carried norm: this thread's share of the producer's sums; the norm weight
+    // of the row this thread writes
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
         const int b = c * tpr + item;
@@ -1231,8 +1242,20 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
+        float cv[QUANT_MVS_CARRY_LOADS];  // requested after the activations (not to delay them), summed once
+        if (c == 0) {                     // the weights have landed: their round trip hides under the copies
+#pragma unroll
+            for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k) {
+                const int i = tid + k * NT;
+                cv[k] = i < ncss ? __ldcg(css + i) : 0.0f;
+            }
+            if (cw && tid < no) cwv = cw[r0 + tid];
+        }
         land(c);
         if (late && c + 1 == nchunks) gg_launch_dependents();
+        if (c == 0)
+#pragma unroll
+            for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k) cs += cv[k];
         __syncthreads();
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
@@ -1270,12 +1293,22 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (parts > 1 && tid == 0) partial[g.part * stride + wrows] = ss;  // every row block writes the same
         scale = rsqrtf(ss / (float)K + eps);
     }
+    if (ncss > 0) scale = rsqrtf(block_sum(cs, ssw) / (float)K + eps);  // (not NORM: ssw is free)
     // Row j's sum v goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing, or with
-    // parts to the partial sums (unscaled: the scale needs every part's sum(x^2)).
+    // parts to the partial sums (unscaled: the scale needs every part's sum(x^2)). A thread writes
+    // at most one row (tid: nr <= slots * R <= NT), so its carried y^2 is one value.
+    float hs = 0.0f;
+    auto out = [&](int j, float h) {
+        y[r0 + j] = h;
+        if (cw) {
+            cy[r0 + j] = h * cwv;
+            hs = h * h;
+        }
+    };
     auto finish = [&](int j, float v) {
         if (parts > 1) partial[g.part * stride + g.index(j, n_rows)] = v;
         else if constexpr (ACT != MV_ACT_NONE) fin[j] = v * scale;
-        else y[r0 + j] = res ? v * scale + res[r0 + j] : v * scale;
+        else out(j, res ? v * scale + res[r0 + j] : v * scale);
     };
     if (slots == 1) {  // a row's NT partial sums: shuffles, then the warps' sums
         const int warp = tid >> 5, lane = tid & 31;
@@ -1319,22 +1352,28 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             }
             v *= scale;
             if constexpr (ACT != MV_ACT_NONE) y[r0 + i] = mv_act<ACT>(v) * (u * scale);
-            else y[r0 + i] = res ? v + res[r0 + i] : v;
+            else out(i, res ? v + res[r0 + i] : v);
         }
         if (tid == 0) tickets[g.rb] = 0;  // ready for the next run
     } else if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
         __syncthreads();
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
+    if (ACT == MV_ACT_NONE && cw) {  // the row block's sum of y^2 (block-uniform: every thread, or the last block's)
+        hs = block_sum(hs, ssw);
+        if (tid == 0) css[g.rb] = hs;
+    }
 }
 
-// mul_mat_vecs<R>[_norm]_<t>_f32_qx(w, w_nb1, x, nw, eps, y, res, n_rows, K, parts, partial, tickets, pdl):
+// mul_mat_vecs<R>[_norm]_<t>_f32_qx(w, w_nb1, x, nw, eps, y, res, n_rows, K, parts, partial, tickets, pdl,
+// cw, cy, css, ncss):
 // the streaming mat-vec with R rows per row group (res: null or the residual added as y is
 // written; _norm: x normalized on the way in, rms_norm(x, eps) * nw; else nw null). Dynamic shared
 // memory: the host's blocks.Vecs.launch bytes.
 // mul_mat_sibs<R>[_norm]_<act>_<t>_f32_qx(wg, wu, nb1, x, nw, eps, y, n_rows, K, parts, partial,
-// tickets, pdl): the sibling SwiGLU / GeGLU step on the same blocks (y[r] = act(Wg x)[r] * (Wu x)[r];
-// gate and up rows nb1 bytes apart).
+// tickets, pdl, cw, cy, css, ncss): the sibling SwiGLU / GeGLU step on the same blocks (y[r] =
+// act(Wg x)[r] * (Wu x)[r]; gate and up rows nb1 bytes apart). cw .. ncss: a carried norm (mvs_impl;
+// null / 0: none).
 // QUANT_MVS_BLOCKS_SM > 0 asks ptxas for registers that let that many blocks share an SM (the
 // streaming builds take 83-127 registers: 4-5 blocks of 128 threads an SM; shared memory allows 6).
 #if QUANT_MVS_BLOCKS_SM > 0
@@ -1346,17 +1385,19 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
         mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
                                                    const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
-                                                   int parts, float* partial, int* tickets, int pdl) {            \
+                                                   int parts, float* partial, int* tickets, int pdl,              \
+                                                   const float* cw, float* cy, float* css, int ncss) {            \
         mvs_impl<Q, R, ACT, NORM>(wg, wu, nb1, x, nw, eps, y, nullptr, n_rows, (int)K, parts, partial, tickets,   \
-                                  pdl);                                                                           \
+                                  pdl, cw, cy, css, ncss);                                                        \
     }
 #define GG_QUANT_VECS_RN(Q, S, R, NORM, N)                                                                        \
     extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
         mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
                                           float* y, const float* res, i64 n_rows, i64 K, int parts,               \
-                                          float* partial, int* tickets, int pdl) {                                \
+                                          float* partial, int* tickets, int pdl, const float* cw, float* cy,      \
+                                          float* css, int ncss) {                                                 \
         mvs_impl<Q, R, MV_ACT_NONE, NORM>(w, nullptr, w_nb1, x, nw, eps, y, res, n_rows, (int)K, parts, partial,  \
-                                          tickets, pdl);                                                          \
+                                          tickets, pdl, cw, cy, css, ncss);                                       \
     }                                                                                                             \
     GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
 #define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)

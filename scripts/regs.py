@@ -1,0 +1,58 @@
+"""Registers, spills and stack of each kernel of a kernels/ file as ptxas reports them (NVRTC's
+--ptxas-options=-v; no GPU): what a kernel edit costs in occupancy, before a device call.
+
+    python3 scripts/regs.py quant.cu [SUBSTRING] [--arch sm_90] [--source PATH]   (PATH: another
+    version of the file, e.g. `git show HEAD:gg/backends/cuda/kernels/quant.cu > /tmp/old.cu`)
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+from gg.backends.cuda import compiler
+
+
+def report(file: str, arch: str, source: str | None) -> dict[str, tuple[int, int, int]]:
+    """{kernel: (registers, spill stores bytes, stack bytes)}"""
+    nvrtc = compiler._nvrtc()
+    src = open(source).read() if source else compiler.source(file)
+    headers = compiler._headers()
+    names = list(headers)
+    (prog,) = compiler._check("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(
+        src.encode(), file.encode(), len(names), [headers[n].encode() for n in names], [n.encode() for n in names]))
+    opts = [o.encode() for o in (*compiler.OPTIONS, *compiler.defines(file), f"--gpu-architecture={arch}",
+                                 "--ptxas-options=-v")]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    log = compiler._log(nvrtc, prog)
+    nvrtc.nvrtcDestroyProgram(prog)
+    if int(err) != 0:
+        raise SystemExit(log)
+    out, name = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'|Function properties for (\w+)", line)
+        if m:
+            name = m.group(1) or m.group(2)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", line)
+        if m and name:
+            stack, spill = int(m.group(1)), int(m.group(2))
+            out[name] = (out.get(name, (0, 0, 0))[0], spill, stack)
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out[name] = (int(m.group(1)), *out.get(name, (0, 0, 0))[1:])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("match", nargs="?", default="")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--source", default=None)
+    a = ap.parse_args()
+    for k, (regs, spill, stack) in sorted(report(a.file, a.arch, a.source).items()):
+        if a.match in k:
+            print(f"{k:60} {regs:4} registers {spill:4} B spilled {stack:4} B stack")
+
+
+if __name__ == "__main__":
+    main()
