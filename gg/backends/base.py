@@ -83,7 +83,7 @@ class Backend(Protocol):
     # the step right before it on the same backend (a launch that starts under its predecessor's
     # tail); the planner asks once, after every fusion, and stores the answer (planner.py).
     # Optional: `carry_norm(prev, ops, nodes, srcs) -> (KernelChoice, KernelChoice) | None`, the
-    # choices of a step (prev's choice) and of the normalizing group right after it (`ops`: an
+    # choices of a planned step `prev` and of the normalizing group right after it (`ops`: an
     # rms_norm -> mul step merged into the step that reads its row) when the first carries the
     # norm's row-wise part across the boundary (gg/graph/carry.py); None: the norm keeps its step.
 

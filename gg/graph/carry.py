@@ -42,12 +42,11 @@ def carry_norms(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Tenso
         got = None
         if merged is not None:
             carry = getattr(base.get(merged.backend), "carry_norm", None)
-            got = carry(prev.choice, merged.ops, merged.nodes, merged.srcs) if carry is not None else None
+            got = carry(prev, merged.ops, merged.nodes, merged.srcs) if carry is not None else None
         if got is not None:
             pk, mk = got
-            # the plan shows the symbols that run and which step carries the norm for which
-            merged = replace(merged, choice=mk, kernel=f"{mk.symbol} (norm carried in)")
-            out[i - 1:i + n] = [replace(prev, choice=pk, kernel=f"{pk.symbol} (+norm rows)"), merged]
+            merged = replace(merged, choice=mk, kernel=mk.symbol)
+            out[i - 1:i + n] = [replace(prev, choice=pk, kernel=pk.symbol), merged]
         i += 1
     return out
 

@@ -73,7 +73,7 @@ class CUDABackend:
     def after(self, prev: families.Kernel | None, choice: families.Kernel) -> families.Kernel:
         return families.after(prev, choice)
 
-    def carry_norm(self, prev: families.Kernel | None, ops: tuple[str, ...], nodes: Sequence[Tensor],
+    def carry_norm(self, prev, ops: tuple[str, ...], nodes: Sequence[Tensor],
                    srcs=None) -> tuple[families.Kernel, families.Kernel] | None:
         return families.carry_norm(prev, tuple(ops), nodes, srcs or families.node_srcs)
 

@@ -67,10 +67,11 @@ def after(prev: Kernel | None, k: Kernel) -> Kernel:
     return attention.after(prev, k)
 
 
-def carry_norm(prev: Kernel | None, ops: tuple[str, ...], nodes: Sequence[Tensor],
+def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor],
                srcs: Srcs = node_srcs) -> tuple[Kernel, Kernel] | None:
-    """(prev's choice, the group's) when the step of `prev` carries the norm that starts the group
-    of `ops` right after it (CUDABackend.carry_norm; matmul.carry_norm has the builds)."""
+    """(the choices of the planned step `prev` and of the group) when `prev` carries the norm that
+    starts the group of `ops` right after it (CUDABackend.carry_norm; matmul.carry_norm has the
+    builds)."""
     return matmul.carry_norm(prev, tuple(ops), nodes, srcs)
 
 

@@ -186,15 +186,22 @@ def matvec1_symbol(a: Tensor) -> str:
     return matvec1(a)[0]
 
 
-def vecs_name(dtype: DType, R: int, norm: bool = False) -> str:
-    """The streaming build of R rows a group (mul_mat_vecs<R>[_norm]_*; norm: x normalized on the
-    way in)."""
-    return f"mul_mat_vecs{R}{'_norm' if norm else ''}_{dtype.name}_f32_qx"
+def vecs_name(dtype: DType, R: int, norm: bool = False, carry: bool = False) -> str:
+    """The streaming build of R rows a group (mul_mat_vecs<R>[_norm|_carry]_*; norm: x normalized
+    on the way in; carry: a norm carried across the step boundary, either end: Vecs carry_out /
+    carry_in)."""
+    return f"mul_mat_vecs{R}{_variant(norm, carry)}_{dtype.name}_f32_qx"
 
 
-def sibs_name(dtype: DType, R: int, act: str, norm: bool = False) -> str:
-    """The streaming SwiGLU / GeGLU sibling build of R rows a group (mul_mat_sibs<R>[_norm]_<act>_*)."""
-    return f"mul_mat_sibs{R}{'_norm' if norm else ''}_{act}_{dtype.name}_f32_qx"
+def sibs_name(dtype: DType, R: int, act: str, norm: bool = False, carry: bool = False) -> str:
+    """The streaming SwiGLU / GeGLU sibling build of R rows a group
+    (mul_mat_sibs<R>[_norm|_carry]_<act>_*; carry: its x a carried norm's rows)."""
+    return f"mul_mat_sibs{R}{_variant(norm, carry)}_{act}_{dtype.name}_f32_qx"
+
+
+def _variant(norm: bool, carry: bool) -> str:
+    assert not (norm and carry)
+    return "_norm" if norm else "_carry" if carry else ""
 
 
 def sibs_symbol(gate: Tensor, act: str, norm: bool = False) -> str:
@@ -340,9 +347,10 @@ def variants() -> list[Variant]:
     for t in TYPES:
         v += [Variant("quant.cu", f"mul_mat_vec_{t.name}_f32"), Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32")]
     v += [Variant("quant.cu", f"mul_mat_vec1_{t.name}_f32_qx") for t in QX_TYPES]
-    v += [Variant("quant.cu", vecs_name(t, r, norm)) for t in STREAM_TYPES for r in MVS_ROWS for norm in (False, True)]
-    v += [Variant("quant.cu", sibs_name(t, r, act, norm)) for t in STREAM_TYPES for r in MVS_ROWS
-          for act in ("silu", "gelu") for norm in (False, True)]
+    kinds = ((False, False), (True, False), (False, True))  # plain, _norm, _carry
+    v += [Variant("quant.cu", vecs_name(t, r, *k)) for t in STREAM_TYPES for r in MVS_ROWS for k in kinds]
+    v += [Variant("quant.cu", sibs_name(t, r, act, *k)) for t in STREAM_TYPES for r in MVS_ROWS
+          for act in ("silu", "gelu") for k in kinds]
     return v
 
 

@@ -397,21 +397,22 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
     return int(roped), lo + (rope_lo if roped else 0), n, b.ne[0], dst.ne[1]
 
 
-def carry_norm(prev: Kernel | None, ops: tuple[str, ...], nodes: Sequence[Tensor],
-               srcs: Srcs) -> tuple[Kernel, Kernel] | None:
-    """The choices of a streaming product (`prev`, writing one F32 row) and of the normalizing
-    group right after it (rms_norm -> mul -> gate/up or one product, reading that row) when the
-    product carries the norm (blocks.CARRY_NORM): it also writes its rows times the norm weight
-    and its row blocks' sums of squares, and the group streams those (Vecs carry_out / carry_in).
-    None where either build cannot."""
-    if not (blocks.CARRY_NORM and isinstance(prev, QuantMatVec) and prev.vecs is not None
-            and not prev.vecs.act and not prev.vecs.norm and prev.vecs.row_blocks <= blocks.CARRY_MAX):
+def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> tuple[Kernel, Kernel] | None:
+    """The choices of a streaming product (the planned step `prev`, writing one F32 row) and of
+    the normalizing group right after it (rms_norm -> mul -> gate/up or one product, reading that
+    row) when the product carries the norm (blocks.CARRY_NORM): its `_carry` build also writes its
+    rows times the norm weight and its row blocks' sums of squares, and the group's `_carry` build
+    streams those (Vecs carry_out / carry_in). None where either cannot."""
+    k0 = prev.choice
+    if not (blocks.CARRY_NORM and isinstance(k0, QuantMatVec) and k0.vecs is not None
+            and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX):
         return None
-    k = siblings.choose_carried(ops, nodes, srcs, prev.vecs.row_blocks)
+    k = siblings.choose_carried(ops, nodes, srcs, k0.vecs.row_blocks)
     if k is None:
         return None
-    v = replace(prev.vecs, carry_out=True)
-    return replace(prev, vecs=v, table=v.table), k
+    v = replace(k0.vecs, carry_out=True)
+    symbol = blocks.vecs_name(prev.srcs(prev.nodes[0])[0].dtype, v.R, carry=True)
+    return replace(k0, symbol=symbol, vecs=v, table=v.table), k
 
 
 def _choose_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:

@@ -192,11 +192,11 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs, c
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         streams = (act or norm and n == 1) and all(blocks.streams(a) for a in weights)
-        if carry:  # the norm's rows and sums come from the step before: the build without the norm
+        if carry:  # the norm's rows and sums come from the step before: the _carry build
             if not streams:
                 return None
             v = replace(blocks.vecs(wdt, rows[0], K, act=bool(act)), carry_in=carry)
-            symbol = blocks.sibs_name(wdt, v.R, act) if act else blocks.vecs_name(wdt, v.R)
+            symbol = blocks.sibs_name(wdt, v.R, act, carry=True) if act else blocks.vecs_name(wdt, v.R, carry=True)
             return Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
                             vecs=v, scratch=v.scratch, table=v.table)
         v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm) if streams else None

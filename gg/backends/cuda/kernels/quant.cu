@@ -1108,13 +1108,14 @@ struct MvsRows {
 // early copies fill this one's tail instead of competing with its loads.
 // NORM: x is normalized on the way in (rms_norm(x, eps) * nw); with parts each part's sum(x^2)
 // follows its row sums in `partial`.
-// A norm carried across the step boundary (blocks.Vecs carry_out / carry_in: the planner's
-// gg/graph/carry.py; the rms_norm step between two products leaves the plan): cw non-null, this
+// CARRY (the `_carry` builds; the others compile none of it): a norm carried across the step
+// boundary (blocks.Vecs carry_out / carry_in: the planner's gg/graph/carry.py; the rms_norm step
+// between two products leaves the plan): cw non-null, this
 // product also writes its rows times the norm weight (cy[r] = y[r] * cw[r]) and each row block's
 // sum of y^2 (css[row block], a fixed-order block sum); ncss > 0, x is such a producer's cy (the
 // norm's weight already in) and the row sums are scaled by 1 / rms from the ncss sums in css, added
 // up in a fixed order: the int8 quantization is scale invariant, as for NORM.
-template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false>
+template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false, bool CARRY = false>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, const float* nw,
                                          float eps, float* y, const float* res, i64 n_rows, int K, int parts,
                                          float* partial, int* tickets, int pdl, const float* cw, float* cy,
@@ -1243,7 +1244,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             if (slot == 0) ss += s2;
         }
         float cv[QUANT_MVS_CARRY_LOADS];  // requested after the activations (not to delay them), summed once
-        if (c == 0) {                     // the weights have landed: their round trip hides under the copies
+        if (CARRY && c == 0) {            // the weights have landed: their round trip hides under the copies
 #pragma unroll
             for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k) {
                 const int i = tid + k * NT;
@@ -1253,7 +1254,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         land(c);
         if (late && c + 1 == nchunks) gg_launch_dependents();
-        if (c == 0)
+        if (CARRY && c == 0)
 #pragma unroll
             for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k) cs += cv[k];
         __syncthreads();
@@ -1293,14 +1294,14 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (parts > 1 && tid == 0) partial[g.part * stride + wrows] = ss;  // every row block writes the same
         scale = rsqrtf(ss / (float)K + eps);
     }
-    if (ncss > 0) scale = rsqrtf(block_sum(cs, ssw) / (float)K + eps);  // (not NORM: ssw is free)
+    if (CARRY && ncss > 0) scale = rsqrtf(block_sum(cs, ssw) / (float)K + eps);  // (not NORM: ssw is free)
     // Row j's sum v goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing, or with
     // parts to the partial sums (unscaled: the scale needs every part's sum(x^2)). A thread writes
     // at most one row (tid: nr <= slots * R <= NT), so its carried y^2 is one value.
     float hs = 0.0f;
     auto out = [&](int j, float h) {
         y[r0 + j] = h;
-        if (cw) {
+        if (CARRY && cw) {
             cy[r0 + j] = h * cwv;
             hs = h * h;
         }
@@ -1359,18 +1360,18 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         __syncthreads();
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
-    if (ACT == MV_ACT_NONE && cw) {  // the row block's sum of y^2 (block-uniform: every thread, or the last block's)
+    if (CARRY && ACT == MV_ACT_NONE && cw) {  // the row block's sum of y^2 (block-uniform: every thread, or the last block's)
         hs = block_sum(hs, ssw);
         if (tid == 0) css[g.rb] = hs;
     }
 }
 
-// mul_mat_vecs<R>[_norm]_<t>_f32_qx(w, w_nb1, x, nw, eps, y, res, n_rows, K, parts, partial, tickets, pdl,
-// cw, cy, css, ncss):
+// mul_mat_vecs<R>[_norm|_carry]_<t>_f32_qx(w, w_nb1, x, nw, eps, y, res, n_rows, K, parts, partial, tickets,
+// pdl, cw, cy, css, ncss) (_carry: cw .. ncss a carried norm, mvs_impl CARRY; the others ignore them):
 // the streaming mat-vec with R rows per row group (res: null or the residual added as y is
 // written; _norm: x normalized on the way in, rms_norm(x, eps) * nw; else nw null). Dynamic shared
 // memory: the host's blocks.Vecs.launch bytes.
-// mul_mat_sibs<R>[_norm]_<act>_<t>_f32_qx(wg, wu, nb1, x, nw, eps, y, n_rows, K, parts, partial,
+// mul_mat_sibs<R>[_norm|_carry]_<act>_<t>_f32_qx(wg, wu, nb1, x, nw, eps, y, n_rows, K, parts, partial,
 // tickets, pdl, cw, cy, css, ncss): the sibling SwiGLU / GeGLU step on the same blocks (y[r] =
 // act(Wg x)[r] * (Wu x)[r]; gate and up rows nb1 bytes apart). cw .. ncss: a carried norm (mvs_impl;
 // null / 0: none).
@@ -1381,26 +1382,29 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #else
 #define GG_MVS_BOUNDS __launch_bounds__(QUANT_MVS_THREADS)
 #endif
-#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, N)                                                             \
+#define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, CARRY, N)                                                      \
     extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
         mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
                                                    const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
                                                    int parts, float* partial, int* tickets, int pdl,              \
                                                    const float* cw, float* cy, float* css, int ncss) {            \
-        mvs_impl<Q, R, ACT, NORM>(wg, wu, nb1, x, nw, eps, y, nullptr, n_rows, (int)K, parts, partial, tickets,   \
-                                  pdl, cw, cy, css, ncss);                                                        \
+        mvs_impl<Q, R, ACT, NORM, CARRY>(wg, wu, nb1, x, nw, eps, y, nullptr, n_rows, (int)K, parts, partial,     \
+                                         tickets, pdl, cw, cy, css, ncss);                                        \
     }
-#define GG_QUANT_VECS_RN(Q, S, R, NORM, N)                                                                        \
+#define GG_QUANT_VECS_RN(Q, S, R, NORM, CARRY, N)                                                                 \
     extern "C" __global__ void GG_MVS_BOUNDS                                                                      \
         mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
                                           float* y, const float* res, i64 n_rows, i64 K, int parts,               \
                                           float* partial, int* tickets, int pdl, const float* cw, float* cy,      \
                                           float* css, int ncss) {                                                 \
-        mvs_impl<Q, R, MV_ACT_NONE, NORM>(w, nullptr, w_nb1, x, nw, eps, y, res, n_rows, (int)K, parts, partial,  \
-                                          tickets, pdl, cw, cy, css, ncss);                                       \
+        mvs_impl<Q, R, MV_ACT_NONE, NORM, CARRY>(w, nullptr, w_nb1, x, nw, eps, y, res, n_rows, (int)K, parts,    \
+                                                 partial, tickets, pdl, cw, cy, css, ncss);                       \
     }                                                                                                             \
-    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, N) GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, N)
-#define GG_QUANT_VECS_R(Q, S, R) GG_QUANT_VECS_RN(Q, S, R, false, ) GG_QUANT_VECS_RN(Q, S, R, true, _norm)
+    GG_QUANT_SIBS_ACT(Q, S, R, silu, MV_ACT_SILU, NORM, CARRY, N)                                                 \
+    GG_QUANT_SIBS_ACT(Q, S, R, gelu, MV_ACT_GELU, NORM, CARRY, N)
+#define GG_QUANT_VECS_R(Q, S, R)                                                                                  \
+    GG_QUANT_VECS_RN(Q, S, R, false, false, )                                                                     \
+    GG_QUANT_VECS_RN(Q, S, R, true, false, _norm) GG_QUANT_VECS_RN(Q, S, R, false, true, _carry)
 #define GG_QUANT_VECS(Q, S) GG_QUANT_VECS_R(Q, S, 4) GG_QUANT_VECS_R(Q, S, 8) GG_QUANT_VECS_R(Q, S, 16)
 
 // ---- sibling mat-vecs (gg/graph/siblings.py, families/siblings.py) ---------------------------
