@@ -1231,8 +1231,16 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     gg_grid_wait();
     if (!late) gg_launch_dependents();
     if (!early && nblk > 0) issue(0);
-    float cs = 0.0f, cwv = 0.0f;  // carried norm: this thread's share of the producer's sums; the norm weight
-    // of the row this thread writes
+    // CARRY, reading: the producer's sums of squares copied into shared memory (cp.async: no register
+    // held across the loop; a thread's 16 bytes), landed with chunk 0, added up after the loop.
+    // Writing: the norm weight of the row this thread writes (cwv), requested with chunk 0.
+    __shared__ __align__(16) float css_s[CARRY ? QUANT_MVS_CARRY_LOADS * NT : 4];
+    static_assert(QUANT_MVS_CARRY_LOADS == 4, "a thread copies one 16-byte piece of the sums");
+    if (CARRY && ncss > 0) {
+        if (4 * tid < ncss) cp_async16(css_s + 4 * tid, css + 4 * tid, 4 * min(4, ncss - 4 * tid));
+        cp_async_commit();  // a group after chunk 0's and before chunk 1's: land(0) waits for it
+    }
+    float cwv = 0.0f;
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) issue(c + 1);  // into the stage chunk c - 1 used (freed below)
         const int b = c * tpr + item;
@@ -1243,20 +1251,10 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
-        float cv[QUANT_MVS_CARRY_LOADS];  // requested after the activations (not to delay them), summed once
-        if (CARRY && c == 0) {            // the weights have landed: their round trip hides under the copies
-#pragma unroll
-            for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k) {
-                const int i = tid + k * NT;
-                cv[k] = i < ncss ? __ldcg(css + i) : 0.0f;
-            }
-            if (cw && tid < no) cwv = cw[r0 + tid];
-        }
+        if (CARRY && c == 0 && cw && tid < no) cwv = cw[r0 + tid];  // after the activations: not to delay them
         land(c);
         if (late && c + 1 == nchunks) gg_launch_dependents();
-        if (CARRY && c == 0)
-#pragma unroll
-            for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k) cs += cv[k];
+        if (CARRY && c == 0 && ncss > 0 && bulk) cp_async_wait<0>();  // (the bulk path's chunks count no group)
         __syncthreads();
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
@@ -1294,7 +1292,13 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (parts > 1 && tid == 0) partial[g.part * stride + wrows] = ss;  // every row block writes the same
         scale = rsqrtf(ss / (float)K + eps);
     }
-    if (CARRY && ncss > 0) scale = rsqrtf(block_sum(cs, ssw) / (float)K + eps);  // (not NORM: ssw is free)
+    if (CARRY && ncss > 0) {  // the producer's sums in a fixed order (not NORM: ssw is free)
+        float cs = 0.0f;
+#pragma unroll
+        for (int k = 0; k < QUANT_MVS_CARRY_LOADS; ++k)
+            if (tid + k * NT < ncss) cs += css_s[tid + k * NT];
+        scale = rsqrtf(block_sum(cs, ssw) / (float)K + eps);
+    }
     // Row j's sum v goes to y (plain: + res), for ACT to fin[j] for the gate/up pairing, or with
     // parts to the partial sums (unscaled: the scale needs every part's sum(x^2)). A thread writes
     // at most one row (tid: nr <= slots * R <= NT), so its carried y^2 is one value.
