@@ -365,8 +365,8 @@ def test_unwritten_weights(monkeypatch):
 
 def test_streaming_pdl_flags(monkeypatch):
     """The streaming kernels' pdl flags (blocks.vecs_args): MVS_EARLY for weights no step writes,
-    unless the step before is a normalization; MVS_LATE when the next step streams too; neither
-    with launch.EARLY_WEIGHTS off."""
+    unless the step before is a normalization; MVS_LATE when the next step streams too (with
+    blocks.LATE_BEFORE_STREAMING); neither with launch.EARLY_WEIGHTS off."""
     from types import SimpleNamespace
     from gg.backends.cuda import launch
     from gg.backends.cuda.launch import Args
@@ -383,6 +383,8 @@ def test_streaming_pdl_flags(monkeypatch):
         return in_plan(lambda s: int(blocks.vecs_args(Args(), s, v, w)._vals[-5][0]), where, steps, 1)
     E, L = blocks.MVS_EARLY, blocks.MVS_LATE
     assert flags("rope", "vecs", "rope") == E
+    assert flags("vecs", "vecs", "vecs") == E  # (blocks.LATE_BEFORE_STREAMING off)
+    monkeypatch.setattr(blocks, "LATE_BEFORE_STREAMING", 1)
     assert flags("vecs", "vecs", "vecs") == E | L
     assert flags("norm", "vecs", "vecs") == L
     where[w] = 0  # the weights now share bytes with the steps' output

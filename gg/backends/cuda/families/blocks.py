@@ -95,6 +95,13 @@ MVS_BLOCKS_SM = 0
 # gg_last_block); 0: the fences (A/B: --const blocks.MVS_RELEASE=1)
 MVS_RELEASE = 0
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
+# 1: a streaming kernel followed by another lets it launch only once its own copies have landed
+# (MVS_LATE), so that the next one's early copies fill its tail instead of competing with its
+# loads (nineteenth session); 0: right after its wait, as behind any other step. H200, 4-layer
+# 8B-dims twins, n_ctx 128 (thirty-second session): Q8_0 471.4-471.9 us with it, 465.5 without;
+# Q4_0 347.7-347.9 / 343.2-343.7; with the carried norm (CARRY_NORM) 466.3-466.7 / 450.9-451.0
+# (Q8_0) and 356.8-356.9 / 350.0-350.1 (Q4_0). Host only (the flag is per launch).
+LATE_BEFORE_STREAMING = 0
 # mul_mat_vec* and mul_mat_sibq* copy their first chunks of weights before the wait too (early_flag):
 # the small models' products (SmolLM2: every one), latency-bound, start with their weights on the way
 # (H200, SmolLM2 token loops: Q8_0 641.3 us against 693.7, Q4_1 658.2 against 674.0)
@@ -304,7 +311,8 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     flags = early_flag(step, *weights)
     if launch.EARLY_WEIGHTS:
         nxt = launch.following(step)
-        flags |= MVS_LATE if nxt is not None and getattr(nxt.choice, "vecs", None) is not None else 0
+        late = LATE_BEFORE_STREAMING and nxt is not None and getattr(nxt.choice, "vecs", None) is not None
+        flags |= MVS_LATE if late else 0
     if v.parts == 1:
         args.i32(1).ptr(0).ptr(0)
     else:
@@ -312,6 +320,9 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     args.i32(flags)
     if v.carry_out:  # the next step's norm weight (the mul of its rms_norm -> mul), where its rows go
         nxt = launch.following(step)
+        if nxt is None or not getattr(getattr(nxt.choice, "vecs", None), "carry_in", 0):
+            raise BackendError("cuda: a step that carries a norm runs only right before the step reading it "
+                               "(planned together: gg/graph/carry.py)")
         rows, ss = carried(step)
         return args.ptr(launch.addr(nxt.srcs(nxt.nodes[1])[1])).ptr(rows).ptr(ss).i32(0)
     if v.carry_in:
