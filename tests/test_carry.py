@@ -26,6 +26,7 @@ def _streaming(monkeypatch):
     8B ffn norm does not: gate/up's blocks would re-read 29 MB of norm weights)."""
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     monkeypatch.setattr(siblings, "QUANT_NORM_BYTES_MAX", 0)
+    monkeypatch.setattr(blocks, "CARRY_TYPES", tuple(TYPES))  # every type's builds (the default: those it speeds up)
 
 
 def rand(rng, *shape):
@@ -104,7 +105,7 @@ def test_carried_norm_with_k_parts_on_both_sides(rng):
 
 
 @pytest.mark.parametrize("case", ["kept", "second reader", "switch off", "no fusion", "producer does not stream",
-                                  "cpu", "too many row blocks"])
+                                  "cpu", "too many row blocks", "type left out"])
 def test_the_norm_keeps_its_step(rng, monkeypatch, case):
     t = Layer(rng, gg.Q4_0, 512, 256, 768)
     outs, kw = [t.out], {}
@@ -120,6 +121,8 @@ def test_the_norm_keeps_its_step(rng, monkeypatch, case):
         monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 512 * 256 + 1)
     elif case == "too many row blocks":
         monkeypatch.setattr(blocks, "CARRY_MAX", 1)
+    elif case == "type left out":  # (Q4_0 measured slower carried: blocks.CARRY_TYPES)
+        monkeypatch.setattr(blocks, "CARRY_TYPES", (gg.Q8_0,))
     plan = gg.build_forward(*outs, backends=("cpu",) if case == "cpu" else CUDA, **kw).plan
     assert not carried(plan), str(plan)
     assert any(s.ops[:2] == ("rms_norm", "mul") and "mul_mat" not in s.ops for s in plan.steps) or case == "no fusion"

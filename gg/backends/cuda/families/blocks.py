@@ -119,8 +119,14 @@ MVS_MIN_ELEMENTS = 2 ** 22
 # the reader's weights stream in under the producer's tail (no early copies behind a norm step:
 # launch.may_read_early). Upper bound measured first (scripts/model_steps.py --drop rms_norm+mul,
 # H200, 4-layer 8B-dims twins, n_ctx 128): Q8_0 471.8 -> 449.5 us, Q4_0 348.4 -> 324.1.
-# False: the norm keeps its step (A/B).
+# False: the norm keeps its step (A/B). CARRY_TYPES: the producers' weight types it is taken for,
+# those it measured faster on. Token loops, n_ctx 128, LATE_BEFORE_STREAMING off (thirty-second
+# session): Q8_0 449.0-449.7 us carried against 465.6; Q4_0 351.5-352.2 against 343.5-343.9: each
+# carrying step (Wo, down) 2.8-2.9 us longer on the critical path, more than the readers gain (not
+# yet explained: the extra work is a norm-weight load, a row write and a block sum a block).
 CARRY_NORM = True
+CARRY_TYPES = (Q8_0,)
+CARRY_EARLY = 1  # 0: a carried norm's reader copies no weights before its wait (A/B, host only)
 CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
 CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
@@ -308,7 +314,7 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     and the MVS_EARLY / MVS_LATE flags (launch.EARLY_WEIGHTS): copy the first chunk of `weights`
     before waiting for the kernel before (launch.may_read_early, through early_flag); let the
     next kernel launch only once the copies have landed (it streams too)."""
-    flags = early_flag(step, *weights)
+    flags = early_flag(step, *weights) if CARRY_EARLY or not v.carry_in else 0
     if launch.EARLY_WEIGHTS:
         nxt = launch.following(step)
         late = LATE_BEFORE_STREAMING and nxt is not None and getattr(nxt.choice, "vecs", None) is not None

@@ -405,7 +405,8 @@ def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) 
     streams those (Vecs carry_out / carry_in). None where either cannot."""
     k0 = prev.choice
     if not (blocks.CARRY_NORM and isinstance(k0, QuantMatVec) and k0.vecs is not None
-            and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX):
+            and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX
+            and prev.srcs(prev.nodes[0])[0].dtype in blocks.CARRY_TYPES):
         return None
     k = siblings.choose_carried(ops, nodes, srcs, k0.vecs.row_blocks)
     if k is None:
