@@ -35,18 +35,17 @@ def carry_norms(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Tenso
     i = 1
     while i < len(out):
         prev, cur = out[i - 1], out[i]
+        merged: Step | None
         if cur.ops == PROLOGUE and i + 1 < len(out):  # the norm's own step, then its reader's
-            merged, n = _merged(prev, cur, out[i + 1], readers, keep), 2
+            merged, span = _merged(prev, cur, out[i + 1], readers, keep), 2
         else:  # a step that normalizes its input on the way in
-            merged, n = (cur if len(cur.ops) > 2 and cur.ops[:2] == PROLOGUE and _reads(prev, cur) else None), 1
-        got = None
-        if merged is not None:
-            carry = getattr(base.get(merged.backend), "carry_norm", None)
-            got = carry(prev, merged.ops, merged.nodes, merged.srcs) if carry is not None else None
-        if got is not None:
+            merged, span = (cur if len(cur.ops) > 2 and cur.ops[:2] == PROLOGUE and _reads(prev, cur) else None), 1
+        carry = getattr(base.get(cur.backend), "carry_norm", None)
+        got = carry(prev, merged.ops, merged.nodes, merged.srcs) if merged is not None and carry is not None else None
+        if merged is not None and got is not None:
             pk, mk = got
-            merged = replace(merged, choice=mk, kernel=mk.symbol)
-            out[i - 1:i + n] = [replace(prev, choice=pk, kernel=pk.symbol), merged]
+            out[i - 1:i + span] = [replace(prev, choice=pk, kernel=pk.symbol),
+                                   replace(merged, choice=mk, kernel=mk.symbol)]
         i += 1
     return out
 

@@ -195,10 +195,10 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs, c
         if carry:  # the norm's rows and sums come from the step before: the _carry build
             if not streams:
                 return None
-            v = replace(blocks.vecs(wdt, rows[0], K, act=bool(act)), carry_in=carry)
-            symbol = blocks.sibs_name(wdt, v.R, act, carry=True) if act else blocks.vecs_name(wdt, v.R, carry=True)
-            return Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
-                            vecs=v, scratch=v.scratch, table=v.table)
+            cv = replace(blocks.vecs(wdt, rows[0], K, act=bool(act)), carry_in=carry)
+            symbol = blocks.sibs_name(wdt, cv.R, act, carry=True) if act else blocks.vecs_name(wdt, cv.R, carry=True)
+            return Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, cv.out_per_block, quant=True,
+                            vecs=cv, scratch=cv.scratch, table=cv.table)
         v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm) if streams else None
         if v is not None and (not norm or blocks.STREAM_NORM and _norm_fits(v.row_blocks, K)):
             symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
