@@ -313,7 +313,9 @@ def vecs_args(args: Args, step, v: Vecs, *weights: Tensor) -> Args:
     blocks' tickets (table bytes, zero at prepare time; the last block of each resets its own),
     and the MVS_EARLY / MVS_LATE flags (launch.EARLY_WEIGHTS): copy the first chunk of `weights`
     before waiting for the kernel before (launch.may_read_early, through early_flag); let the
-    next kernel launch only once the copies have landed (it streams too)."""
+    next kernel launch only once the copies have landed (it streams too, LATE_BEFORE_STREAMING);
+    then a carried norm's four (cw, cy, css, ncss: the next step's norm weight and where the rows
+    and sums go, or the sums this step reads and their count; null / 0 for neither)."""
     flags = early_flag(step, *weights) if CARRY_EARLY or not v.carry_in else 0
     if launch.EARLY_WEIGHTS:
         nxt = launch.following(step)

@@ -148,7 +148,7 @@ def choose_quant_norm(nodes: Sequence[Tensor], srcs: Srcs) -> Kernel | None:
 def choose_carried(ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs, partials: int) -> Kernel | None:
     """A normalizing group (`rms_norm -> mul ->` one product, or gate/up with SwiGLU / GeGLU)
     whose norm the step before carries (blocks.Vecs carry_in: it reads that step's rows times the
-    norm weight and `partials` sums of squares): the streaming build without the norm, else None."""
+    norm weight and `partials` sums of squares): its streaming `_carry` build, else None."""
     split = (True, 1, "") if ops == PROLOGUE + ("mul_mat",) else _split(ops)
     if split is None or not split[0] or split[1] != 1 and not split[2]:
         return None

@@ -1110,11 +1110,11 @@ struct MvsRows {
 // follows its row sums in `partial`.
 // CARRY (the `_carry` builds; the others compile none of it): a norm carried across the step
 // boundary (blocks.Vecs carry_out / carry_in: the planner's gg/graph/carry.py; the rms_norm step
-// between two products leaves the plan): cw non-null, this
-// product also writes its rows times the norm weight (cy[r] = y[r] * cw[r]) and each row block's
-// sum of y^2 (css[row block], a fixed-order block sum); ncss > 0, x is such a producer's cy (the
-// norm's weight already in) and the row sums are scaled by 1 / rms from the ncss sums in css, added
-// up in a fixed order: the int8 quantization is scale invariant, as for NORM.
+// between two products leaves the plan). cw non-null: this product also writes its rows times the
+// norm weight (cy[r] = y[r] * cw[r]) and each row block's sum of y^2 (css[row block], a fixed-order
+// block sum). ncss > 0: x is such a producer's cy (the norm's weight already in) and the row sums
+// are scaled by 1 / rms from the ncss sums in css, added up in a fixed order: the int8
+// quantization is scale invariant, as for NORM.
 template <class Q, int R, int ACT = MV_ACT_NONE, bool NORM = false, bool CARRY = false>
 __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb1, const float* x, const float* nw,
                                          float eps, float* y, const float* res, i64 n_rows, int K, int parts,
@@ -1364,7 +1364,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         __syncthreads();
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
     }
-    if (CARRY && ACT == MV_ACT_NONE && cw) {  // the row block's sum of y^2 (block-uniform: every thread, or the last block's)
+    if (CARRY && ACT == MV_ACT_NONE && cw) {  // the row block's sum of y^2 (every thread, or the last block's)
         hs = block_sum(hs, ssw);
         if (tid == 0) css[g.rb] = hs;
     }
