@@ -75,10 +75,11 @@ def test_the_norm_between_two_streaming_products_leaves_the_plan(rng, dt, head, 
     as an 8B QKV does): the producer carries it all the same."""
     if inline:
         monkeypatch.setattr(siblings, "QUANT_NORM_BYTES_MAX", 1 << 30)
-        monkeypatch.setattr(blocks, "CARRY_NORM", False)
-        plain = gg.build_forward(Layer(rng, dt, 512, 256, 768, head=head).out, backends=CUDA).plan
-        assert "_norm" in plain.steps[1].kernel  # (without the carry: the prologue build)
-        monkeypatch.setattr(blocks, "CARRY_NORM", True)
+        for switch in ("CARRY_NORM", "CARRY_INTO_PROLOGUE"):  # without the carry: the prologue build
+            monkeypatch.setattr(blocks, switch, 0)
+            plain = gg.build_forward(Layer(rng, dt, 512, 256, 768, head=head).out, backends=CUDA).plan
+            assert "_norm" in plain.steps[1].kernel and not carried(plain)
+            monkeypatch.setattr(blocks, switch, 1)
     t = Layer(rng, dt, 512, 256, 768, head=head)
     plan = gg.build_forward(t.out, backends=CUDA).plan
     ops = [s.ops for s in plan.steps]
@@ -90,6 +91,14 @@ def test_the_norm_between_two_streaming_products_leaves_the_plan(rng, dt, head, 
     assert [s.kernel for s in plan.steps[:2]] == [
         blocks.vecs_name(dt, prod.R, carry=True),
         blocks.vecs_name(dt, reader.R, carry=True) if head else blocks.sibs_name(dt, reader.R, "silu", carry=True)]
+
+
+def test_a_norm_step_of_its_own_is_carried_without_the_prologue_switch(rng, monkeypatch):
+    """blocks.CARRY_INTO_PROLOGUE off leaves readers that normalize on the way in alone, not the
+    norm steps of their own."""
+    monkeypatch.setattr(blocks, "CARRY_INTO_PROLOGUE", 0)
+    plan = gg.build_forward(Layer(rng, gg.Q8_0, 512, 256, 768).out, backends=CUDA).plan
+    assert carried(plan) == [(0, 1)], str(plan)
 
 
 def test_carried_norm_with_k_parts_on_both_sides(rng):

@@ -82,10 +82,11 @@ class Backend(Protocol):
     # Optional: `after(prev, choice) -> KernelChoice`, the choice for a step given the choice of
     # the step right before it on the same backend (a launch that starts under its predecessor's
     # tail); the planner asks once, after every fusion, and stores the answer (planner.py).
-    # Optional: `carry_norm(prev, ops, nodes, srcs) -> (KernelChoice, KernelChoice) | None`, the
-    # choices of a planned step `prev` and of the normalizing group right after it (`ops`: an
-    # rms_norm -> mul step merged into the step that reads its row) when the first carries the
-    # norm's row-wise part across the boundary (gg/graph/carry.py); None: the norm keeps its step.
+    # Optional: `carry_norm(prev, ops, nodes, srcs, own_step) -> (KernelChoice, KernelChoice) | None`,
+    # the choices of a planned step `prev` and of the normalizing group right after it (`ops`: an
+    # rms_norm -> mul step merged into the step that reads its row, own_step True; or a step that
+    # normalizes its input on the way in, own_step False) when the first carries the norm's
+    # row-wise part across the boundary (gg/graph/carry.py); None: the plan stays as it is.
 
     def alloc(self, nbytes: int) -> Any:
         """A buffer (gg.buffer protocol: backend, nbytes, read, write) of at least nbytes."""

@@ -41,7 +41,8 @@ def carry_norms(steps: list[Step], nodes: Sequence[Tensor], kept: Sequence[Tenso
         else:  # a step that normalizes its input on the way in
             merged, span = (cur if len(cur.ops) > 2 and cur.ops[:2] == PROLOGUE and _reads(prev, cur) else None), 1
         carry = getattr(base.get(cur.backend), "carry_norm", None)
-        got = carry(prev, merged.ops, merged.nodes, merged.srcs) if merged is not None and carry is not None else None
+        got = (carry(prev, merged.ops, merged.nodes, merged.srcs, own_step=span == 2)
+               if merged is not None and carry is not None else None)
         if merged is not None and got is not None:
             pk, mk = got
             out[i - 1:i + span] = [replace(prev, choice=pk, kernel=pk.symbol),

@@ -73,9 +73,9 @@ class CUDABackend:
     def after(self, prev: families.Kernel | None, choice: families.Kernel) -> families.Kernel:
         return families.after(prev, choice)
 
-    def carry_norm(self, prev, ops: tuple[str, ...], nodes: Sequence[Tensor],
-                   srcs=None) -> tuple[families.Kernel, families.Kernel] | None:
-        return families.carry_norm(prev, tuple(ops), nodes, srcs or families.node_srcs)
+    def carry_norm(self, prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs=None,
+                   own_step: bool = True) -> tuple[families.Kernel, families.Kernel] | None:
+        return families.carry_norm(prev, tuple(ops), nodes, srcs or families.node_srcs, own_step)
 
     def patterns(self) -> base.Patterns:
         return base.Patterns(families.patterns(), families.epilogue_ops(), families.siblings.MAX_MEMBERS,

@@ -67,12 +67,12 @@ def after(prev: Kernel | None, k: Kernel) -> Kernel:
     return attention.after(prev, k)
 
 
-def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor],
-               srcs: Srcs = node_srcs) -> tuple[Kernel, Kernel] | None:
+def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs = node_srcs,
+               own_step: bool = True) -> tuple[Kernel, Kernel] | None:
     """(the choices of the planned step `prev` and of the group) when `prev` carries the norm that
     starts the group of `ops` right after it (CUDABackend.carry_norm; matmul.carry_norm has the
     builds)."""
-    return matmul.carry_norm(prev, tuple(ops), nodes, srcs)
+    return matmul.carry_norm(prev, tuple(ops), nodes, srcs, own_step)
 
 
 def variants() -> list[Variant]:

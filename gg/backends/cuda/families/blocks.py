@@ -126,6 +126,10 @@ MVS_MIN_ELEMENTS = 2 ** 22
 # yet explained: the extra work is a norm-weight load, a row write and a block sum a block).
 CARRY_NORM = True
 CARRY_TYPES = (Q8_0,)
+# ... also into a step that normalizes its input on the way in (a `_norm` build: the next layer's
+# QKV after the down projection), where no step goes. Measured only with it (the Q4_0 trace puts
+# that pair's loss at 2.4 us a layer; 0 is the next A/B: a host switch).
+CARRY_INTO_PROLOGUE = 1
 CARRY_EARLY = 1  # 0: a carried norm's reader copies no weights before its wait (A/B, host only)
 CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
 CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for

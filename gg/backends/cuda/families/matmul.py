@@ -397,14 +397,17 @@ def _epi_scatter(mm: Tensor, rope: Tensor | None, rope_lo: int, node: Tensor,
     return int(roped), lo + (rope_lo if roped else 0), n, b.ne[0], dst.ne[1]
 
 
-def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs) -> tuple[Kernel, Kernel] | None:
+def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs,
+               own_step: bool = True) -> tuple[Kernel, Kernel] | None:
     """The choices of a streaming product (the planned step `prev`, writing one F32 row) and of
     the normalizing group right after it (rms_norm -> mul -> gate/up or one product, reading that
     row) when the product carries the norm (blocks.CARRY_NORM): its `_carry` build also writes its
     rows times the norm weight and its row blocks' sums of squares, and the group's `_carry` build
-    streams those (Vecs carry_out / carry_in). None where either cannot."""
+    streams those (Vecs carry_out / carry_in). own_step False: the group normalized on the way in
+    already (blocks.CARRY_INTO_PROLOGUE). None where either cannot."""
     k0 = prev.choice
-    if not (blocks.CARRY_NORM and isinstance(k0, QuantMatVec) and k0.vecs is not None
+    if not (blocks.CARRY_NORM and (own_step or blocks.CARRY_INTO_PROLOGUE)
+            and isinstance(k0, QuantMatVec) and k0.vecs is not None
             and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX
             and prev.srcs(prev.nodes[0])[0].dtype in blocks.CARRY_TYPES):
         return None
