@@ -264,7 +264,7 @@ def main() -> None:
           f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")
     for ops in a.drop:
         kept = [s for s in steps if "+".join(s.ops) != ops]
-        print(f"without the {len(steps) - len(kept)} steps {ops}: {replay_us(rt, kept, mem, iters=50):.1f} us")
+        print(f"without the {len(steps) - len(kept)} steps {ops}: {_us(lambda: replay_us(rt, kept, mem, iters=50)):.1f} us")
     if a.decode:
         _token_loop(m, a.decode, full)
     if a.trace:
