@@ -405,17 +405,16 @@ def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs,
     rows times the norm weight and its row blocks' sums of squares, and the group's `_carry` build
     streams those (Vecs carry_out / carry_in). own_step False: the group normalized on the way in
     already (blocks.CARRY_INTO_PROLOGUE). None where either cannot."""
-    k0 = prev.choice
-    if not (blocks.CARRY_NORM and (own_step or blocks.CARRY_INTO_PROLOGUE)
+    k0, wdt = prev.choice, prev.srcs(prev.nodes[0])[0].dtype
+    if not (blocks.CARRY_NORM and (own_step or blocks.CARRY_INTO_PROLOGUE) and wdt in blocks.CARRY_TYPES
             and isinstance(k0, QuantMatVec) and k0.vecs is not None
-            and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX
-            and prev.srcs(prev.nodes[0])[0].dtype in blocks.CARRY_TYPES):
+            and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX):
         return None
     k = siblings.choose_carried(ops, nodes, srcs, k0.vecs.row_blocks)
     if k is None:
         return None
     v = replace(k0.vecs, carry_out=True)
-    symbol = blocks.vecs_name(prev.srcs(prev.nodes[0])[0].dtype, v.R, carry=True)
+    symbol = blocks.vecs_name(wdt, v.R, carry=True)
     return replace(k0, symbol=symbol, vecs=v, table=v.table), k
 
 

@@ -192,16 +192,15 @@ def _choose(norm: bool, n: int, act: str, nodes: Sequence[Tensor], srcs: Srcs, c
         if act and weights[0].nb[1] != weights[1].nb[1]:
             return None  # mul_mat_sibq_*_silu walks gate and up rows with one stride
         streams = (act or norm and n == 1) and all(blocks.streams(a) for a in weights)
-        if carry:  # the norm's rows and sums come from the step before: the _carry build
-            if not streams:
-                return None
-            cv = replace(blocks.vecs(wdt, rows[0], K, act=bool(act)), carry_in=carry)
-            symbol = blocks.sibs_name(wdt, cv.R, act, carry=True) if act else blocks.vecs_name(wdt, cv.R, carry=True)
-            return Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, cv.out_per_block, quant=True,
-                            vecs=cv, scratch=cv.scratch, table=cv.table)
-        v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=norm) if streams else None
-        if v is not None and (not norm or blocks.STREAM_NORM and _norm_fits(v.row_blocks, K)):
-            symbol = blocks.sibs_name(wdt, v.R, act, norm) if act else blocks.vecs_name(wdt, v.R, norm)
+        if carry and not streams:
+            return None
+        # carry: the norm's rows and sums come from the step before (the _carry build, no norm of its own)
+        inline = norm and not carry
+        v = blocks.vecs(wdt, rows[0], K, act=bool(act), norm=inline) if streams else None
+        if v is not None and (not inline or blocks.STREAM_NORM and _norm_fits(v.row_blocks, K)):
+            v = replace(v, carry_in=carry)
+            symbol = (blocks.sibs_name(wdt, v.R, act, inline, bool(carry)) if act
+                      else blocks.vecs_name(wdt, v.R, inline, bool(carry)))
             k = Siblings("quant.cu", symbol, rows, norm, act, blocks.MVS_THREADS, v.out_per_block, quant=True,
                          vecs=v, scratch=v.scratch, table=v.table)
         else:
