@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--stream-types", default=None, help="blocks.STREAM_TYPES by name, e.g. q4_0,q4_1")
     ap.add_argument("--carry-types", default=None, help="blocks.CARRY_TYPES by name, e.g. q8_0,q4_0 (the "
                     "producers' types a norm is carried for)")
+    ap.add_argument("--carry-prologue-types", default=None, help="blocks.CARRY_INTO_PROLOGUE_TYPES by name (the "
+                    "producers' types a norm is carried for into a reader that normalizes on the way in)")
     ap.add_argument("--no-l2-prefetch", action="store_true", help="launch.L2_PREFETCH off")
     ap.add_argument("--no-early", action="store_true", help="launch.EARLY_WEIGHTS off")
     ap.add_argument("--dma-copies", action="store_true", help="staging.KERNEL_COPIES off: a decode step's "
@@ -253,6 +255,8 @@ def main() -> None:
         blocks.STREAM_TYPES = tuple(t for t in blocks.TYPES if t.name in a.stream_types.split(","))
     if a.carry_types is not None:
         blocks.CARRY_TYPES = tuple(t for t in blocks.TYPES if t.name in a.carry_types.split(","))
+    if a.carry_prologue_types is not None:
+        blocks.CARRY_INTO_PROLOGUE_TYPES = tuple(t for t in blocks.TYPES if t.name in a.carry_prologue_types.split(","))
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
     dec = m._decoder("argmax")
     dec.run([1], a.n_past)

@@ -4,6 +4,7 @@
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \\
         python3 scripts/ncu_model.py MODEL.gguf > ncu.csv
     python3 scripts/ncu_model.py --report ncu.csv      # per kernel: count, total and mean us
+    CARRY_TYPES=q8_0,q4_0 ...                          # blocks.CARRY_TYPES by name
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def main() -> None:
         return
     import gg
     from gg.backends.cuda.driver import check, cu
+    if os.environ.get("CARRY_TYPES") is not None:  # the A/B of blocks.CARRY_TYPES, by name (q8_0,q4_0)
+        from gg.backends.cuda.families import blocks
+        blocks.CARRY_TYPES = tuple(t for t in blocks.TYPES if t.name in os.environ["CARRY_TYPES"].split(","))
     m = gg.load(sys.argv[1], n_ctx=512, progress=False)
     dec = m._decoder("argmax")
     for _ in range(3):

@@ -3,6 +3,11 @@
 
     python3 scripts/regs.py quant.cu [SUBSTRING] [--arch sm_90] [--source PATH]   (PATH: another
     version of the file, e.g. `git show HEAD:gg/backends/cuda/kernels/quant.cu > /tmp/old.cu`)
+Registers depend on the NVRTC version: run it with the device's (the pack's venv,
+`/tmp/gg-nvrtc-13.0/bin/python3 scripts/regs.py ...`); this machine's 13.5 gave mul_mat_vecs16_q4_0
+139 registers where the H200's 13.0 gives 128 and a 4th block an SM (thirty-third session).
+    python3 scripts/regs.py quant.cu SUBSTRING --device   (on a GPU: what the driver reports for the
+    module gg loads, cached or packed CUBIN included: registers, local bytes, blocks an SM at 128 threads)
 """
 from __future__ import annotations
 
@@ -42,13 +47,32 @@ def report(file: str, arch: str, source: str | None) -> dict[str, tuple[int, int
     return out
 
 
+def on_device(file: str, match: str) -> None:
+    """Each kernel of the module gg's runtime loads for `file` whose name contains match, as the driver
+    sees it."""
+    from gg.backends.cuda import families, runtime
+    from gg.backends.cuda.driver import check, cu
+    rt = runtime.get(0)
+    a = cu.CUfunction_attribute
+    for k in sorted({v.name for v in families.variants() if v.file == file and match in v.name}):
+        fn = rt.function(file, k)
+        regs = check(cu.cuFuncGetAttribute(a.CU_FUNC_ATTRIBUTE_NUM_REGS, fn), k)[0]
+        local = check(cu.cuFuncGetAttribute(a.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn), k)[0]
+        (blocks,) = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, 128, 0), k)
+        print(f"{k:60} {regs:4} registers {local:4} B local {blocks:3} blocks of 128 an SM (no shared memory)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
     ap.add_argument("match", nargs="?", default="")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--source", default=None)
+    ap.add_argument("--device", action="store_true", help="the driver's figures for the module gg loads")
     a = ap.parse_args()
+    if a.device:
+        on_device(a.file, a.match)
+        return
     for k, (regs, spill, stack) in sorted(report(a.file, a.arch, a.source).items()):
         if a.match in k:
             print(f"{k:60} {regs:4} registers {spill:4} B spilled {stack:4} B stack")

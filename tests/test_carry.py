@@ -27,6 +27,7 @@ def _streaming(monkeypatch):
     monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
     monkeypatch.setattr(siblings, "QUANT_NORM_BYTES_MAX", 0)
     monkeypatch.setattr(blocks, "CARRY_TYPES", tuple(TYPES))  # every type's builds (the default: those it speeds up)
+    monkeypatch.setattr(blocks, "CARRY_INTO_PROLOGUE_TYPES", tuple(TYPES))
 
 
 def rand(rng, *shape):
@@ -75,11 +76,11 @@ def test_the_norm_between_two_streaming_products_leaves_the_plan(rng, dt, head, 
     as an 8B QKV does): the producer carries it all the same."""
     if inline:
         monkeypatch.setattr(siblings, "QUANT_NORM_BYTES_MAX", 1 << 30)
-        for switch in ("CARRY_NORM", "CARRY_INTO_PROLOGUE"):  # without the carry: the prologue build
-            monkeypatch.setattr(blocks, switch, 0)
+        for switch, off, on in (("CARRY_NORM", 0, 1), ("CARRY_INTO_PROLOGUE_TYPES", (), (dt,))):
+            monkeypatch.setattr(blocks, switch, off)  # without the carry: the prologue build
             plain = gg.build_forward(Layer(rng, dt, 512, 256, 768, head=head).out, backends=CUDA).plan
             assert "_norm" in plain.steps[1].kernel and not carried(plain)
-            monkeypatch.setattr(blocks, switch, 1)
+            monkeypatch.setattr(blocks, switch, on)
     t = Layer(rng, dt, 512, 256, 768, head=head)
     plan = gg.build_forward(t.out, backends=CUDA).plan
     ops = [s.ops for s in plan.steps]
@@ -93,12 +94,16 @@ def test_the_norm_between_two_streaming_products_leaves_the_plan(rng, dt, head, 
         blocks.vecs_name(dt, reader.R, carry=True) if head else blocks.sibs_name(dt, reader.R, "silu", carry=True)]
 
 
-def test_a_norm_step_of_its_own_is_carried_without_the_prologue_switch(rng, monkeypatch):
-    """blocks.CARRY_INTO_PROLOGUE off leaves readers that normalize on the way in alone, not the
-    norm steps of their own."""
-    monkeypatch.setattr(blocks, "CARRY_INTO_PROLOGUE", 0)
-    plan = gg.build_forward(Layer(rng, gg.Q8_0, 512, 256, 768).out, backends=CUDA).plan
+@pytest.mark.parametrize("dt", [gg.Q8_0, gg.Q4_0])
+def test_a_norm_step_of_its_own_is_carried_without_the_prologue_types(rng, monkeypatch, dt):
+    """A producer type outside blocks.CARRY_INTO_PROLOGUE_TYPES (Q4_0 by default) leaves readers
+    that normalize on the way in alone, not the norm steps of their own."""
+    monkeypatch.setattr(blocks, "CARRY_INTO_PROLOGUE_TYPES", tuple(t for t in TYPES if t != dt))
+    plan = gg.build_forward(Layer(rng, dt, 512, 256, 768).out, backends=CUDA).plan
     assert carried(plan) == [(0, 1)], str(plan)
+    monkeypatch.setattr(siblings, "QUANT_NORM_BYTES_MAX", 1 << 30)  # the reader normalizes on the way in
+    plan = gg.build_forward(Layer(rng, dt, 512, 256, 768).out, backends=CUDA).plan
+    assert not carried(plan) and "_norm" in plan.steps[1].kernel, str(plan)
 
 
 def test_carried_norm_with_k_parts_on_both_sides(rng):
@@ -130,7 +135,7 @@ def test_the_norm_keeps_its_step(rng, monkeypatch, case):
         monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 512 * 256 + 1)
     elif case == "too many row blocks":
         monkeypatch.setattr(blocks, "CARRY_MAX", 1)
-    elif case == "type left out":  # (Q4_0 measured slower carried: blocks.CARRY_TYPES)
+    elif case == "type left out":  # (blocks.CARRY_TYPES: the types it measured faster on)
         monkeypatch.setattr(blocks, "CARRY_TYPES", (gg.Q8_0,))
     plan = gg.build_forward(*outs, backends=("cpu",) if case == "cpu" else CUDA, **kw).plan
     assert not carried(plan), str(plan)

@@ -120,17 +120,27 @@ MVS_MIN_ELEMENTS = 2 ** 22
 # launch.may_read_early). Upper bound measured first (scripts/model_steps.py --drop rms_norm+mul,
 # H200, 4-layer 8B-dims twins, n_ctx 128): Q8_0 471.8 -> 449.5 us, Q4_0 348.4 -> 324.1.
 # False: the norm keeps its step (A/B). CARRY_TYPES: the producers' weight types it is taken for,
-# those it measured faster on. Token loops, n_ctx 128, LATE_BEFORE_STREAMING off (thirty-second
-# session): Q8_0 449.0-449.7 us carried against 465.6; Q4_0 351.5-352.2 against 343.5-343.9: each
-# carrying step (Wo, down) 2.8-2.9 us longer on the critical path, more than the readers gain (not
-# yet explained: the extra work is a norm-weight load, a row write and a block sum a block).
+# those it measured faster on (H200, thirty-third session, with the bounds and the prologue rule
+# below): the 4-layer 8B-dims Q8_0 twin 449.6-450.2 us carried against 465.6 uncarried (thirty-
+# second session); the 32-layer 8B Q4_0 file (llama-quantize's) 2374.3 us a replayed token
+# against 2409.9, its twin 341.7-342.2 against 342.3.
 CARRY_NORM = True
-CARRY_TYPES = (Q8_0,)
+CARRY_TYPES = (Q8_0, Q4_0)
 # ... also into a step that normalizes its input on the way in (a `_norm` build: the next layer's
-# QKV after the down projection), where no step goes. Measured only with it (the Q4_0 trace puts
-# that pair's loss at 2.4 us a layer; 0 is the next A/B: a host switch).
-CARRY_INTO_PROLOGUE = 1
+# QKV after the down projection), where no step goes, for producers of these types: Q8_0 449.8 us
+# with it against 452.0 without, Q4_0 (its down projection) slower with it (the Q4_0 carry above
+# is without).
+CARRY_INTO_PROLOGUE_TYPES = (Q8_0,)
 CARRY_EARLY = 1  # 0: a carried norm's reader copies no weights before its wait (A/B, host only)
+# The `_carry` builds' __launch_bounds__ minimum of blocks an SM (kernels/quant.cu MvsCarryBlocks):
+# it decides their registers, and an SM's blocks of them. NVRTC 13.0 (the H200 machines') gives the
+# plain mul_mat_vecs16_q4_0 128 registers (4 blocks an SM) and, asked for 3 blocks, its `_carry`
+# build 137 (3 blocks): the carrying down projection alone 25.6 us against 22.0 (Nsight Compute),
+# the Q4_0 carry then a loss (twin 352.2 us against 344.0); at 4 blocks it is level or a gain.
+# Q8_0's builds keep 3 (its 16-row stages allow 3 an SM anyway; at 4 its twin took 471.8 us
+# against 449.6: spills). (scripts/regs.py --device prints what the driver loaded.)
+MVS_CARRY_BLOCKS_SM = 4
+MVS_CARRY_BLOCKS_SM_Q8_0 = 3
 CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
 CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
@@ -142,7 +152,8 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
-                        "QUANT_MVS_CARRY_LOADS": CARRY_LOADS}}
+                        "QUANT_MVS_CARRY_LOADS": CARRY_LOADS, "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM,
+                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0}}
 
 
 def rows_2d(a: Tensor) -> bool:

@@ -404,9 +404,9 @@ def carry_norm(prev, ops: tuple[str, ...], nodes: Sequence[Tensor], srcs: Srcs,
     row) when the product carries the norm (blocks.CARRY_NORM): its `_carry` build also writes its
     rows times the norm weight and its row blocks' sums of squares, and the group's `_carry` build
     streams those (Vecs carry_out / carry_in). own_step False: the group normalized on the way in
-    already (blocks.CARRY_INTO_PROLOGUE). None where either cannot."""
+    already (for producers of blocks.CARRY_INTO_PROLOGUE_TYPES). None where either cannot."""
     k0, wdt = prev.choice, prev.srcs(prev.nodes[0])[0].dtype
-    if not (blocks.CARRY_NORM and (own_step or blocks.CARRY_INTO_PROLOGUE) and wdt in blocks.CARRY_TYPES
+    if not (blocks.CARRY_NORM and (own_step or wdt in blocks.CARRY_INTO_PROLOGUE_TYPES) and wdt in blocks.CARRY_TYPES
             and isinstance(k0, QuantMatVec) and k0.vecs is not None
             and not k0.vecs.act and not k0.vecs.norm and k0.vecs.row_blocks <= blocks.CARRY_MAX):
         return None
