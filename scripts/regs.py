@@ -6,7 +6,7 @@
 Registers depend on the NVRTC version: run it with the device's (the pack's venv,
 `/tmp/gg-nvrtc-13.0/bin/python3 scripts/regs.py ...`); this machine's 13.5 gave mul_mat_vecs16_q4_0
 139 registers where the H200's 13.0 gives 128 and a 4th block an SM (thirty-third session).
-    python3 scripts/regs.py quant.cu SUBSTRING --device   (on a GPU: what the driver reports for the
+    python3 scripts/regs.py quant.cu SUBSTRING --device [--const FAMILY.NAME=N]   (on a GPU: what the driver reports for the
     module gg loads, cached or packed CUBIN included: registers, local bytes, blocks an SM at 128 threads)
 """
 from __future__ import annotations
@@ -47,9 +47,11 @@ def report(file: str, arch: str, source: str | None) -> dict[str, tuple[int, int
     return out
 
 
-def on_device(file: str, match: str) -> None:
+def on_device(file: str, match: str, consts: list[str]) -> None:
     """Each kernel of the module gg's runtime loads for `file` whose name contains match, as the driver
-    sees it."""
+    sees it (consts: FAMILY.NAME=N switches, scripts/plan_consts.py)."""
+    import plan_consts
+    plan_consts.apply(consts)
     from gg.backends.cuda import families, runtime
     from gg.backends.cuda.driver import check, cu
     rt = runtime.get(0)
@@ -69,9 +71,10 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--source", default=None)
     ap.add_argument("--device", action="store_true", help="the driver's figures for the module gg loads")
+    ap.add_argument("--const", action="append", default=[], metavar="FAMILY.NAME=N", help="(--device) a switch")
     a = ap.parse_args()
     if a.device:
-        on_device(a.file, a.match)
+        on_device(a.file, a.match, a.const)
         return
     for k, (regs, spill, stack) in sorted(report(a.file, a.arch, a.source).items()):
         if a.match in k:

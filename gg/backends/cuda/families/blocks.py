@@ -137,10 +137,14 @@ CARRY_EARLY = 1  # 0: a carried norm's reader copies no weights before its wait 
 # plain mul_mat_vecs16_q4_0 128 registers (4 blocks an SM) and, asked for 3 blocks, its `_carry`
 # build 137 (3 blocks): the carrying down projection alone 25.6 us against 22.0 (Nsight Compute),
 # the Q4_0 carry then a loss (twin 352.2 us against 344.0); at 4 blocks it is level or a gain.
-# Q8_0's builds keep 3 (its 16-row stages allow 3 an SM anyway; at 4 its twin took 471.8 us
-# against 449.6: spills). (scripts/regs.py --device prints what the driver loaded.)
+# Q8_0's 16-row builds keep 3 (their 61-70 KB stages allow 3 an SM anyway; at 4 they spill: the
+# twin 471.8 us against 449.6); its 8-row ones (Wo: 35 KB stages, 6 an SM) take 4, 128 registers
+# and 24 B spilled: the Q8_0 twin 444.1-445.6 against 448.3-448.9. (scripts/regs.py --device
+# prints what the driver loaded.)
 MVS_CARRY_BLOCKS_SM = 4
+MVS_CARRY_BLOCKS_SM_R8 = 4  # the other types' builds of 8 rows or fewer
 MVS_CARRY_BLOCKS_SM_Q8_0 = 3
+MVS_CARRY_BLOCKS_SM_Q8_0_R8 = 4
 CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
 CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
@@ -152,8 +156,9 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
-                        "QUANT_MVS_CARRY_LOADS": CARRY_LOADS, "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM,
-                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0}}
+                        "QUANT_MVS_CARRY_LOADS": CARRY_LOADS, "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM, "QUANT_MVS_CARRY_BLOCKS_SM_R8": MVS_CARRY_BLOCKS_SM_R8,
+                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0,
+                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0_R8": MVS_CARRY_BLOCKS_SM_Q8_0_R8}}
 
 
 def rows_2d(a: Tensor) -> bool:

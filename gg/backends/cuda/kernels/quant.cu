@@ -1386,14 +1386,19 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #else
 #define GG_MVS_BOUNDS __launch_bounds__(QUANT_MVS_THREADS)
 #endif
-// The _carry builds ask for registers that fit MvsCarryBlocks<Q>::N blocks an SM (blocks.py
-// MVS_CARRY_BLOCKS_SM: 4, at most 128 registers; Q8_0's 3, at most 170, whose stages allow 3 anyway).
-template <class Q> struct MvsCarryBlocks { static constexpr int N = QUANT_MVS_CARRY_BLOCKS_SM; };
-template <> struct MvsCarryBlocks<QQ8_0> { static constexpr int N = QUANT_MVS_CARRY_BLOCKS_SM_Q8_0; };
-#define GG_MVS_BOUNDS_false(Q) GG_MVS_BOUNDS
-#define GG_MVS_BOUNDS_true(Q) __launch_bounds__(QUANT_MVS_THREADS, MvsCarryBlocks<Q>::N)
+// The _carry builds ask for registers that fit MvsCarryBlocks<Q, R>::N blocks an SM (blocks.py
+// MVS_CARRY_BLOCKS_SM*: 4, at most 128 registers; Q8_0's 16-row builds 3, at most 170, whose
+// stages allow 3 an SM anyway).
+template <class Q, int R> struct MvsCarryBlocks {
+    static constexpr int N = R <= 8 ? QUANT_MVS_CARRY_BLOCKS_SM_R8 : QUANT_MVS_CARRY_BLOCKS_SM;
+};
+template <int R> struct MvsCarryBlocks<QQ8_0, R> {
+    static constexpr int N = R <= 8 ? QUANT_MVS_CARRY_BLOCKS_SM_Q8_0_R8 : QUANT_MVS_CARRY_BLOCKS_SM_Q8_0;
+};
+#define GG_MVS_BOUNDS_false(Q, R) GG_MVS_BOUNDS
+#define GG_MVS_BOUNDS_true(Q, R) __launch_bounds__(QUANT_MVS_THREADS, MvsCarryBlocks<Q, R>::N)
 #define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, CARRY, N)                                                      \
-    extern "C" __global__ void GG_MVS_BOUNDS_##CARRY(Q)                                                           \
+    extern "C" __global__ void GG_MVS_BOUNDS_##CARRY(Q, R)                                                        \
         mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
                                                    const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
                                                    int parts, float* partial, int* tickets, int pdl,              \
@@ -1402,7 +1407,7 @@ template <> struct MvsCarryBlocks<QQ8_0> { static constexpr int N = QUANT_MVS_CA
                                          tickets, pdl, cw, cy, css, ncss);                                        \
     }
 #define GG_QUANT_VECS_RN(Q, S, R, NORM, CARRY, N)                                                                 \
-    extern "C" __global__ void GG_MVS_BOUNDS_##CARRY(Q)                                                           \
+    extern "C" __global__ void GG_MVS_BOUNDS_##CARRY(Q, R)                                                        \
         mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
                                           float* y, const float* res, i64 n_rows, i64 K, int parts,               \
                                           float* partial, int* tickets, int pdl, const float* cw, float* cy,      \
