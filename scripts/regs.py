@@ -16,10 +16,15 @@ import re
 
 from gg.backends.cuda import compiler
 
+DEVICE_NVRTC = (13, 0)  # the H200 machines' (scripts/cubin_pack.sh NVRTC)
+
 
 def report(file: str, arch: str, source: str | None) -> dict[str, tuple[int, int, int]]:
     """{kernel: (registers, spill stores bytes, stack bytes)}"""
     nvrtc = compiler._nvrtc()
+    if compiler.nvrtc_version() != DEVICE_NVRTC:
+        print(f"(NVRTC {'%d.%d' % compiler.nvrtc_version()} here; the GPU machines run "
+              f"{'%d.%d' % DEVICE_NVRTC}, whose registers differ: run this with its venv)")
     src = open(source).read() if source else compiler.source(file)
     headers = compiler._headers()
     names = list(headers)
