@@ -123,7 +123,8 @@ MVS_MIN_ELEMENTS = 2 ** 22
 # those it measured faster on (H200, thirty-third session, with the bounds and the prologue rule
 # below): the 4-layer 8B-dims Q8_0 twin 449.6-450.2 us carried against 465.6 uncarried (thirty-
 # second session); the 32-layer 8B Q4_0 file (llama-quantize's) 2374.3 us a replayed token
-# against 2409.9, its twin 341.7-342.2 against 342.3.
+# against 2409.9, a 32-layer Q4_0 twin 2385.2-2386.7 against 2415.9-2418.0, the 4-layer one
+# 343.2-343.7 against 343.8-344.5 (docs/performance.md, thirty-third session).
 CARRY_NORM = True
 CARRY_TYPES = (Q8_0, Q4_0)
 # ... also into a step that normalizes its input on the way in (a `_norm` build: the next layer's
