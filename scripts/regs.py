@@ -6,8 +6,9 @@
 Registers depend on the NVRTC version: run it with the device's (the pack's venv,
 `/tmp/gg-nvrtc-13.0/bin/python3 scripts/regs.py ...`); this machine's 13.5 gave mul_mat_vecs16_q4_0
 139 registers where the H200's 13.0 gives 128 and a 4th block an SM (thirty-third session).
-    python3 scripts/regs.py quant.cu SUBSTRING --device [--const FAMILY.NAME=N]   (on a GPU: what the driver reports for the
-    module gg loads, cached or packed CUBIN included: registers, local bytes, blocks an SM at 128 threads)
+    python3 scripts/regs.py quant.cu SUBSTRING --device [--const FAMILY.NAME=N]   (on a GPU: what the
+    driver reports for the module gg loads, cached or packed CUBIN included: registers, local
+    bytes, blocks an SM at 128 threads)
 """
 from __future__ import annotations
 
