@@ -86,10 +86,13 @@ MVS_MIN_BLOCKS = 264
 # (Vecs). Nsight Compute on llama-3-8B dims: 512 blocks of whole rows kept 15 warps an SM and
 # 40% of DRAM bandwidth, latency-bound (docs/performance.md).
 MVS_MAX_PARTS = 8
-# > 0: the streaming builds' __launch_bounds__ ask for registers that fit this many blocks an SM
-# (their 83-127 registers allow 4-5 of 128 threads, their shared memory 6); 0: no minimum (A/B:
-# scripts/model_steps.py --const blocks.MVS_BLOCKS_SM=6)
+# > 0: the plain streaming builds' __launch_bounds__ ask for registers that fit this many blocks
+# an SM; 0: no minimum (A/B: scripts/model_steps.py --const blocks.MVS_BLOCKS_SM=4). At 4 or 5 the
+# 8B twins were slower (thirty-third session: spills where no block is gained). MVS_NORM_BLOCKS_SM:
+# the same for the `_norm` builds (NVRTC 13.0: 168 registers, 3 blocks an SM, where a Q4_0 QKV's
+# 37 KB stages would allow 6; not yet measured). The `_carry` builds: MVS_CARRY_BLOCKS_SM below.
 MVS_BLOCKS_SM = 0
+MVS_NORM_BLOCKS_SM = 0
 # 1: the K parts' ticket publishes a block's partial sums with one acq_rel atomic after its barrier
 # instead of a __threadfence by every thread before and after it (kernels/common.cuh
 # gg_last_block); 0: the fences (A/B: --const blocks.MVS_RELEASE=1)
@@ -155,7 +158,8 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         **{f"QUANT_MV1_ROWS_{t.name.upper()}": n for t, n in MV1_ROWS.items()},
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
-                        "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_RELEASE": MVS_RELEASE,
+                        "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_NORM_BLOCKS_SM": MVS_NORM_BLOCKS_SM,
+                        "QUANT_MVS_RELEASE": MVS_RELEASE,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
                         "QUANT_MVS_CARRY_LOADS": CARRY_LOADS,
                         "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM, "QUANT_MVS_CARRY_BLOCKS_SM_R8": MVS_CARRY_BLOCKS_SM_R8,

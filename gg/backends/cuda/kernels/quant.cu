@@ -1380,11 +1380,17 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 // act(Wg x)[r] * (Wu x)[r]; gate and up rows nb1 bytes apart). cw .. ncss: a carried norm (mvs_impl;
 // null / 0: none).
 // QUANT_MVS_BLOCKS_SM > 0 asks ptxas for registers that let that many blocks share an SM (the
-// streaming builds take 83-127 registers: 4-5 blocks of 128 threads an SM; shared memory allows 6).
+// plain builds; QUANT_MVS_NORM_BLOCKS_SM the same for the _norm ones; 0: no minimum). NVRTC 13.0
+// gives the streaming builds 87-168 registers, 3-5 blocks of 128 threads an SM (scripts/regs.py).
 #if QUANT_MVS_BLOCKS_SM > 0
 #define GG_MVS_BOUNDS __launch_bounds__(QUANT_MVS_THREADS, QUANT_MVS_BLOCKS_SM)
 #else
 #define GG_MVS_BOUNDS __launch_bounds__(QUANT_MVS_THREADS)
+#endif
+#if QUANT_MVS_NORM_BLOCKS_SM > 0
+#define GG_MVS_NORM_BOUNDS __launch_bounds__(QUANT_MVS_THREADS, QUANT_MVS_NORM_BLOCKS_SM)
+#else
+#define GG_MVS_NORM_BOUNDS GG_MVS_BOUNDS
 #endif
 // The _carry builds ask for registers that fit MvsCarryBlocks<Q, R>::N blocks an SM (blocks.py
 // MVS_CARRY_BLOCKS_SM*: 4, at most 128 registers; Q8_0's 16-row builds 3, at most 170, whose
@@ -1395,10 +1401,12 @@ template <class Q, int R> struct MvsCarryBlocks {
 template <int R> struct MvsCarryBlocks<QQ8_0, R> {
     static constexpr int N = R <= 8 ? QUANT_MVS_CARRY_BLOCKS_SM_Q8_0_R8 : QUANT_MVS_CARRY_BLOCKS_SM_Q8_0;
 };
-#define GG_MVS_BOUNDS_false(Q, R) GG_MVS_BOUNDS
-#define GG_MVS_BOUNDS_true(Q, R) __launch_bounds__(QUANT_MVS_THREADS, MvsCarryBlocks<Q, R>::N)
+// by (NORM, CARRY) of the build
+#define GG_MVS_BOUNDS_false_false(Q, R) GG_MVS_BOUNDS
+#define GG_MVS_BOUNDS_true_false(Q, R) GG_MVS_NORM_BOUNDS
+#define GG_MVS_BOUNDS_false_true(Q, R) __launch_bounds__(QUANT_MVS_THREADS, MvsCarryBlocks<Q, R>::N)
 #define GG_QUANT_SIBS_ACT(Q, S, R, NAME, ACT, NORM, CARRY, N)                                                      \
-    extern "C" __global__ void GG_MVS_BOUNDS_##CARRY(Q, R)                                                        \
+    extern "C" __global__ void GG_MVS_BOUNDS_##NORM##_##CARRY(Q, R)                                               \
         mul_mat_sibs##R##N##_##NAME##_##S##_f32_qx(const char* wg, const char* wu, i64 nb1, const float* x,       \
                                                    const float* nw, float eps, float* y, i64 n_rows, i64 K,       \
                                                    int parts, float* partial, int* tickets, int pdl,              \
@@ -1407,7 +1415,7 @@ template <int R> struct MvsCarryBlocks<QQ8_0, R> {
                                          tickets, pdl, cw, cy, css, ncss);                                        \
     }
 #define GG_QUANT_VECS_RN(Q, S, R, NORM, CARRY, N)                                                                 \
-    extern "C" __global__ void GG_MVS_BOUNDS_##CARRY(Q, R)                                                        \
+    extern "C" __global__ void GG_MVS_BOUNDS_##NORM##_##CARRY(Q, R)                                               \
         mul_mat_vecs##R##N##_##S##_f32_qx(const char* w, i64 w_nb1, const float* x, const float* nw, float eps,   \
                                           float* y, const float* res, i64 n_rows, i64 K, int parts,               \
                                           float* partial, int* tickets, int pdl, const float* cw, float* cy,      \
