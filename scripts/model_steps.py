@@ -252,11 +252,11 @@ def main() -> None:
     if a.no_stream_norm:
         blocks.STREAM_NORM = False
     if a.stream_types is not None:
-        blocks.STREAM_TYPES = tuple(t for t in blocks.TYPES if t.name in a.stream_types.split(","))
+        blocks.STREAM_TYPES = plan_consts.types(a.stream_types)
     if a.carry_types is not None:
-        blocks.CARRY_TYPES = tuple(t for t in blocks.TYPES if t.name in a.carry_types.split(","))
+        blocks.CARRY_TYPES = plan_consts.types(a.carry_types)
     if a.carry_prologue_types is not None:
-        blocks.CARRY_INTO_PROLOGUE_TYPES = tuple(t for t in blocks.TYPES if t.name in a.carry_prologue_types.split(","))
+        blocks.CARRY_INTO_PROLOGUE_TYPES = plan_consts.types(a.carry_prologue_types)
     m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
     dec = m._decoder("argmax")
     dec.run([1], a.n_past)

@@ -39,8 +39,10 @@ def main() -> None:
     import gg
     from gg.backends.cuda.driver import check, cu
     if os.environ.get("CARRY_TYPES") is not None:  # the A/B of blocks.CARRY_TYPES, by name (q8_0,q4_0)
+        sys.path.insert(0, os.path.dirname(__file__))
+        import plan_consts
         from gg.backends.cuda.families import blocks
-        blocks.CARRY_TYPES = tuple(t for t in blocks.TYPES if t.name in os.environ["CARRY_TYPES"].split(","))
+        blocks.CARRY_TYPES = plan_consts.types(os.environ["CARRY_TYPES"])
     m = gg.load(sys.argv[1], n_ctx=512, progress=False)
     dec = m._decoder("argmax")
     for _ in range(3):

@@ -23,3 +23,10 @@ def apply(specs: list[str]) -> None:
             for key in (name, *(t + name for t in _TAGS)):
                 if key in defs:
                     defs[key] = int(n)
+
+
+def types(names: str) -> tuple:
+    """The block types of blocks.TYPES named in a comma list ("q8_0,q4_0"): the A/B scripts'
+    --stream-types / --carry-types switches."""
+    from gg.backends.cuda.families import blocks
+    return tuple(t for t in blocks.TYPES if t.name in names.split(","))

@@ -146,9 +146,8 @@ CARRY_EARLY = 1  # 0: a carried norm's reader copies no weights before its wait 
 # and 24 B spilled: the Q8_0 twin 444.1-445.6 against 448.3-448.9. (scripts/regs.py --device
 # prints what the driver loaded.)
 MVS_CARRY_BLOCKS_SM = 4
-MVS_CARRY_BLOCKS_SM_R8 = 4  # the other types' builds of 8 rows or fewer
-MVS_CARRY_BLOCKS_SM_Q8_0 = 3
-MVS_CARRY_BLOCKS_SM_Q8_0_R8 = 4
+MVS_CARRY_BLOCKS_SM_Q8_0 = 3  # Q8_0's builds of more than 8 rows
+MVS_CARRY_BLOCKS_SM_R8 = 4  # every type's builds of 8 rows or fewer
 CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
 CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
@@ -163,8 +162,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
                         "QUANT_MVS_CARRY_LOADS": CARRY_LOADS,
                         "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM, "QUANT_MVS_CARRY_BLOCKS_SM_R8": MVS_CARRY_BLOCKS_SM_R8,
-                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0,
-                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0_R8": MVS_CARRY_BLOCKS_SM_Q8_0_R8}}
+                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0}}
 
 
 def rows_2d(a: Tensor) -> bool:

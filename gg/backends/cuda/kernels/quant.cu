@@ -1394,12 +1394,11 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
 #endif
 // The _carry builds ask for registers that fit MvsCarryBlocks<Q, R>::N blocks an SM (blocks.py
 // MVS_CARRY_BLOCKS_SM*: 4, at most 128 registers; Q8_0's 16-row builds 3, at most 170, whose
-// stages allow 3 an SM anyway).
+// stages allow 3 an SM anyway; the builds of 8 rows or fewer, every type, their own bound).
+template <class Q> struct MvsCarryWide { static constexpr int N = QUANT_MVS_CARRY_BLOCKS_SM; };
+template <> struct MvsCarryWide<QQ8_0> { static constexpr int N = QUANT_MVS_CARRY_BLOCKS_SM_Q8_0; };
 template <class Q, int R> struct MvsCarryBlocks {
-    static constexpr int N = R <= 8 ? QUANT_MVS_CARRY_BLOCKS_SM_R8 : QUANT_MVS_CARRY_BLOCKS_SM;
-};
-template <int R> struct MvsCarryBlocks<QQ8_0, R> {
-    static constexpr int N = R <= 8 ? QUANT_MVS_CARRY_BLOCKS_SM_Q8_0_R8 : QUANT_MVS_CARRY_BLOCKS_SM_Q8_0;
+    static constexpr int N = R <= 8 ? QUANT_MVS_CARRY_BLOCKS_SM_R8 : MvsCarryWide<Q>::N;
 };
 // by (NORM, CARRY) of the build
 #define GG_MVS_BOUNDS_false_false(Q, R) GG_MVS_BOUNDS
