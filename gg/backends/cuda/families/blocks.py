@@ -90,7 +90,9 @@ MVS_MAX_PARTS = 8
 # an SM; 0: no minimum (A/B: scripts/model_steps.py --const blocks.MVS_BLOCKS_SM=4). At 4 or 5 the
 # 8B twins were slower (thirty-third session: spills where no block is gained). MVS_NORM_BLOCKS_SM:
 # the same for the `_norm` builds (NVRTC 13.0: 168 registers, 3 blocks an SM, where a Q4_0 QKV's
-# 37 KB stages would allow 6; not yet measured). The `_carry` builds: MVS_CARRY_BLOCKS_SM below.
+# 37 KB stages would allow 6): at 4 they spill and the 4-layer twins were slower (Q8_0 451.6-451.9
+# us against 445.3, Q4_0 409.3-409.6 against 394.6-395.1; thirty-fourth session). The `_carry`
+# builds: MVS_CARRY_BLOCKS_SM below.
 MVS_BLOCKS_SM = 0
 MVS_NORM_BLOCKS_SM = 0
 # 1: the K parts' ticket publishes a block's partial sums with one acq_rel atomic after its barrier
@@ -142,12 +144,13 @@ CARRY_EARLY = 1  # 0: a carried norm's reader copies no weights before its wait 
 # build 137 (3 blocks): the carrying down projection alone 25.6 us against 22.0 (Nsight Compute),
 # the Q4_0 carry then a loss (twin 352.2 us against 344.0); at 4 blocks it is level or a gain.
 # Q8_0's 16-row builds keep 3 (their 61-70 KB stages allow 3 an SM anyway; at 4 they spill: the
-# twin 471.8 us against 449.6); its 8-row ones (Wo: 35 KB stages, 6 an SM) take 4, 128 registers
-# and 24 B spilled: the Q8_0 twin 444.1-445.6 against 448.3-448.9. (scripts/regs.py --device
-# prints what the driver loaded.)
+# twin 471.8 us against 449.6); the 8-row ones (Wo: Q8_0's 35 KB stages allow 6 an SM, Q4_0's 18
+# KB 12) take 5: the 4-layer twins 445.3 -> 441.6 us (Q8_0) and 394.6-395.1 -> 392.3-392.4 (Q4_0)
+# against 4 (thirty-fourth session, two runs each); 4 had taken Q8_0 from 448.3-448.9 to
+# 444.1-445.6. (scripts/regs.py --device prints what the driver loaded.)
 MVS_CARRY_BLOCKS_SM = 4
 MVS_CARRY_BLOCKS_SM_Q8_0 = 3  # Q8_0's builds of more than 8 rows
-MVS_CARRY_BLOCKS_SM_R8 = 4  # every type's builds of 8 rows or fewer
+MVS_CARRY_BLOCKS_SM_R8 = 5  # every type's builds of 8 rows or fewer
 CARRY_LOADS = 4  # sums of squares a reader's thread loads (kernels/quant.cu QUANT_MVS_CARRY_LOADS)
 CARRY_MAX = CARRY_LOADS * MVS_THREADS  # row blocks a producer may carry for
 DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS, "QUANT_WARPS": WARPS, **{f"QUANT_TILE_{t.name.upper()}": n for t, n in TILE.items()},
