@@ -357,31 +357,6 @@ def test_short_chunk_matches_reference_and_the_default_chunk(name, combine, monk
 
 
 @cuda
-@pytest.mark.parametrize("combine", ["cluster", "in_kernel"])
-@pytest.mark.parametrize("name", ["llama3-8b-tg128-vpos", "gqa2-bf16-t3-diag", "mha-ext-odd"])
-def test_late_launch_of_the_next_step_changes_no_value(name, combine, monkeypatch):
-    """attention.LATE: the step after the flash launches once the blocks' tiles have landed, not
-    at their wait. Only scheduling moves: a product reading the output gives the same bits."""
-    if combine != "cluster":
-        monkeypatch.setattr(attention, "CLUSTER_MAX", 0)
-    case = Case(**SHORT[name], seed=len(name))
-    w = np.random.default_rng(7).standard_normal((37, case.hd)).astype(np.float32)
-
-    def run(late):
-        monkeypatch.setattr(attention, "LATE", late)
-        ctx = gg.Context()
-        out = case.build(ctx)
-        y = gg.mul_mat(ctx.tensor(w), out)  # (37, T, nh): a kernel launched under the flash's tail
-        g = gg.build_forward(y, backends=("cuda", "cpu"))
-        g.compute()
-        assert len(flash_steps(g.plan)) == 1 and flash_steps(g.plan)[0].choice.fast
-        return y.numpy()
-
-    late, plain = run(1), run(0)
-    assert np.isfinite(late).all() and np.array_equal(late, plain)
-
-
-@cuda
 @pytest.mark.parametrize("write", ["cpy", "set_rows"])
 @pytest.mark.parametrize("v", ["pos", "cont"])
 def test_llama_cpp_block_matches_reference_and_unfused(write, v):

@@ -272,6 +272,33 @@ def test_streaming_matvec_chunks_in_turn(dt, k, parts, rng, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dt", [gg.Q4_0, gg.Q8_0, gg.Q6_K])
+def test_streaming_weights_evict_first_changes_no_value(dt, rng, monkeypatch):
+    """blocks.MVS_EVICT_FIRST: the bulk copies' L2 policy only decides which lines L2 drops first;
+    a product in K parts and the head-like short rows (one span a block) give the same bits with
+    and without it, right against float64."""
+    monkeypatch.setattr(blocks, "MVS_MIN_ELEMENTS", 0)
+    ctx = gg.Context()
+    shapes = [(300, 14336), (517, 576 if dt.block_size == 32 else 512)]
+    ws = [random_weights(rng, dt, m, k, ctx) for m, k in shapes]
+    xs = [ctx.tensor(rng.standard_normal(k).astype(np.float32)) for _, k in shapes]
+    got = {}
+    for evict in (0, 1):
+        monkeypatch.setattr(blocks, "MVS_EVICT_FIRST", evict)
+        monkeypatch.setitem(blocks.DEFINES["quant.cu"], "QUANT_MVS_EVICT_FIRST", evict)
+        ys = [gg.mul_mat(w, x) for w, x in zip(ws, xs)]
+        g = gg.build_forward(*ys, backends=("cuda",))
+        assert all(s.choice.vecs is not None for s in g.plan.steps)
+        g.compute()
+        for w, x, y in zip(ws, xs, ys):
+            want = w.numpy().astype(np.float64) @ x.numpy().astype(np.float64)
+            assert nmse(y.numpy().reshape(-1), want) <= NMSE_QUANT_ACTIVATIONS
+        got[evict] = [y.numpy().copy() for y in ys]
+    for a, b in zip(got[0], got[1]):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dt", [gg.Q4_0, gg.Q8_0])
 def test_streaming_parts_meet_with_either_ticket(dt, rng, monkeypatch):
     """The K parts' ticket with a fence by every thread (blocks.MVS_RELEASE 0) or one acq_rel atomic

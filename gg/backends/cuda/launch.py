@@ -125,7 +125,6 @@ L2_PREFETCH = True
 # took 10 us instead of 3 behind gate/up's 29 MB). False: no early copies (A/B, tests of both).
 EARLY_WEIGHTS = True
 NOT_EARLY_BEHIND = ("rms_norm", "norm")
-EARLY_BEHIND_ATTENTION = 1  # 0: nor behind a step with a softmax (the flash step; A/B)
 # The float mat-vecs (mul_mat.cu mmv_impl / mmvw_impl, siblings.cu sib_impl) issue their first
 # batch of weight loads into registers before that wait, under the same rule (early_loads). False:
 # after it (A/B; the values are the same bits either way).
@@ -147,8 +146,7 @@ def may_read_early(step: Any, *weights: Tensor) -> bool:
     prev = preceding(step)
     if not EARLY_WEIGHTS or prev is None:
         return False
-    behind_norm = ((prev.ops[0] in NOT_EARLY_BEHIND and "mul_mat" not in prev.ops)
-                   or (not EARLY_BEHIND_ATTENTION and "soft_max" in prev.ops))
+    behind_norm = prev.ops[0] in NOT_EARLY_BEHIND and "mul_mat" not in prev.ops
     return all(unwritten(w) for w in weights) and not behind_norm
 
 

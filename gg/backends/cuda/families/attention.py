@@ -59,10 +59,6 @@ CLUSTER_MAX = 8
 CLUSTER_AFTER_EPILOGUE = False
 NARROW = 256
 EARLY_TILES = True        # ... and its blocks copy their K/V tiles before the mask says they are visible
-# 1: a fast build lets the next kernel launch only once its block's K/V tiles have landed, not at
-# its wait: the next step (Wo) copies its weights early, and that flood would queue ahead of the
-# tiles (the same reason launch.may_read_early skips steps behind a norm); 0: at the wait (A/B)
-LATE = 0
 BLOCKS_PER_SM = 4
 # The F16 fast builds of FAST_CHUNK positions and at least MMA_HEADS query heads a block multiply
 # on tensor cores (kernels/attn.cu flash_tc_impl: mma.sync over the staged tiles, q and the
@@ -226,7 +222,7 @@ def lower(rt, step, kern: FlashKernel, what: str) -> list:
     args.struct(np.float32(cx), np.float32(post), np.int32(n_past), np.int32(chunk),
                 np.int32(out.ne[2] // k.ne[2]), np.int32(out.ne[3] // k.ne[3]),
                 np.int32(launch.L2_PREFETCH and kern.fast), np.int32(kern.v_pos), np.int32(cl),
-                np.int32(cl and EARLY_TILES), np.int32(LATE and kern.fast))
+                np.int32(cl and EARLY_TILES))
     args.ptr(ws)
     args.ptr(table(step, np.zeros(kern.table // 4, np.int32)) if kern.fused else 0)  # the counters start at zero
     chunks = Launch(rt, kern.file, kern.symbol, (splits, out.ne[2] // kern.heads, tokens), (THREADS, 1, 1), args,

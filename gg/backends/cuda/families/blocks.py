@@ -99,6 +99,14 @@ MVS_NORM_BLOCKS_SM = 0
 # instead of a __threadfence by every thread before and after it (kernels/common.cuh
 # gg_last_block); 0: the fences (A/B: --const blocks.MVS_RELEASE=1)
 MVS_RELEASE = 0
+# 1: the streaming builds copy their weights under an L2 evict-first policy (kernels/common.cuh
+# l2_evict_first): read once a token, they need not push out of L2 what the kernels read again
+# (activations, partial sums, the KV cache, code). H200, thirty-fourth session: 4-layer 8B-dims
+# twins 439.7-440.9 -> 428.0-428.4 us (Q8_0), 390.7-390.8 -> 375.8-376.1 (Q4_0); llama-quantize's
+# 32-layer files' token loops 333 -> 341 t/s (Q8_0), 417 -> 426 (Q4_0). The trace puts the gain in
+# the products (down -1.6 us a layer, Wo -0.9, gate/up -0.6), not in the flash step. 0: the
+# default policy (A/B: --const blocks.MVS_EVICT_FIRST=0)
+MVS_EVICT_FIRST = 1
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
 # 1: a streaming kernel followed by another lets it launch only once its own copies have landed
 # (MVS_LATE), so that the next one's early copies fill its tail instead of competing with its
@@ -161,7 +169,7 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_SIB_SMALL_ROWS": SIB_SMALL_ROWS or MV_ROWS[Q4_0],
                         "QUANT_MVS_THREADS": MVS_THREADS, "QUANT_MVS_SLOTS": MVS_SLOTS,
                         "QUANT_MVS_BLOCKS_SM": MVS_BLOCKS_SM, "QUANT_MVS_NORM_BLOCKS_SM": MVS_NORM_BLOCKS_SM,
-                        "QUANT_MVS_RELEASE": MVS_RELEASE,
+                        "QUANT_MVS_RELEASE": MVS_RELEASE, "QUANT_MVS_EVICT_FIRST": MVS_EVICT_FIRST,
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
                         "QUANT_MVS_CARRY_LOADS": CARRY_LOADS,
                         "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM, "QUANT_MVS_CARRY_BLOCKS_SM_R8": MVS_CARRY_BLOCKS_SM_R8,

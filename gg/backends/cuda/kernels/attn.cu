@@ -77,9 +77,6 @@ struct FaArgs {
                       // combine through their shared memory (flash_cluster_finish); no workspace
     int early;        // with cl: the K and V copies go out with the q and mask loads, before the
                       // mask says whether the chunk is visible (its tiles are read either way)
-    int late;         // fast path: the next kernel may launch only once this block's tiles have
-                      // landed (its early weight copies would queue ahead of them); else at the wait
-                      // (common.cuh gg_grid_sync; quant.cu's mat-vecs split the two as well)
 };
 
 // Sum acc[0..N) over the lanes lane ^ o, o = 16, 8, .., G (the lanes of a warp G apart), by a
@@ -334,7 +331,6 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             if (lane == 0) put_ml(hh, m, l);
         }
         if (FAST) cp_async_wait<0>();  // the V tile
-        if (FAST && p.late) gg_launch_dependents();
         __syncthreads();
 
         // ---- o[d] = Σ_j e_j V[d, j]
@@ -799,7 +795,6 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
             pf[J >> 1][lane][(J & 1) * 2 + 1] = lo;
         }
         cp_async_wait<0>();  // the V tile
-        if (p.late) gg_launch_dependents();
         __syncthreads();
         // O = P V over the warp's head dims, two n-tiles an ldmatrix
 #pragma unroll
@@ -904,8 +899,7 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt) {                         \
         flash_l2_prefetch<T, NH, HD, VP, CH>(d, k, kd, v, vd, p);                                          \
-        gg_grid_wait();                                                                                    \
-        if (HD == 0 || !p.late) gg_launch_dependents(); /* else once the tiles landed (or at the exit) */  \
+        gg_grid_sync();                                                                                    \
         flash_entry<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);            \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V

@@ -1174,11 +1174,17 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
                 if (c >= 2) async_proxy_fence();  // the stage's reads before the copies' writes
                 if (tid == 0) mbar_expect(&mbar[c & 1], (unsigned)(dense ? dspan : nr * bytes));
                 __syncwarp();
+                // QUANT_MVS_EVICT_FIRST: the weights' L2 lines first to go (l2_evict_first)
+                const unsigned long long pol = QUANT_MVS_EVICT_FIRST ? l2_evict_first() : 0ull;
+                auto copy = [&](void* d, const void* s, unsigned n, unsigned long long* b) {
+                    if (QUANT_MVS_EVICT_FIRST) bulk_copy_hint(d, s, n, b, pol);
+                    else bulk_copy(d, s, n, b);
+                };
                 if (dense)  // the span (c == 0) in MVS_DENSE_PIECE bytes a lane
                     for (int o = tid * MVS_DENSE_PIECE; o < dspan; o += 32 * MVS_DENSE_PIECE)
-                        bulk_copy(sb + o, g.wb + o, (unsigned)min(MVS_DENSE_PIECE, dspan - o), &mbar[0]);
+                        copy(sb + o, g.wb + o, (unsigned)min(MVS_DENSE_PIECE, dspan - o), &mbar[0]);
                 else
-                    for (int j = tid; j < nr; j += 32) bulk_copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
+                    for (int j = tid; j < nr; j += 32) copy(sb + j * rs, g.row(j) + cco, (unsigned)bytes, &mbar[c & 1]);
             }
             return;
         }
