@@ -5,6 +5,9 @@
         python3 scripts/ncu_model.py MODEL.gguf > ncu.csv
     python3 scripts/ncu_model.py --report ncu.csv      # per kernel: count, total and mean us
     CARRY_TYPES=q8_0,q4_0 ...                          # blocks.CARRY_TYPES by name
+    N_CTX=128 ...                                      # the cache's positions (default 512; tg128 runs
+                                                       # in 128, where the flash step takes its short builds)
+    CONSTS="blocks.MVS_EVICT_FIRST=0 ..." ...          # constants as model_steps.py --const sets them
 """
 from __future__ import annotations
 
@@ -38,12 +41,13 @@ def main() -> None:
         return
     import gg
     from gg.backends.cuda.driver import check, cu
+    sys.path.insert(0, os.path.dirname(__file__))
+    import plan_consts
+    plan_consts.apply(os.environ.get("CONSTS", "").split())
     if os.environ.get("CARRY_TYPES") is not None:  # the A/B of blocks.CARRY_TYPES, by name (q8_0,q4_0)
-        sys.path.insert(0, os.path.dirname(__file__))
-        import plan_consts
         from gg.backends.cuda.families import blocks
         blocks.CARRY_TYPES = plan_consts.types(os.environ["CARRY_TYPES"])
-    m = gg.load(sys.argv[1], n_ctx=512, progress=False)
+    m = gg.load(sys.argv[1], n_ctx=int(os.environ.get("N_CTX", "512")), progress=False)
     dec = m._decoder("argmax")
     for _ in range(3):
         dec.run([1], 100)

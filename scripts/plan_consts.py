@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 
 _TAGS = ("QUANT_", "SIB_", "FA_", "CPY_")  # a define's prefix naming its kernel file
+# host constants whose tagged name is another constant's define: attention.CLUSTER_MAX (the host's
+# cluster rule) is not FA_CLUSTER_MAX (attention.MAX_CLUSTER, the kernels' bound: 0 fails to compile)
+_HOST_ONLY = {("attention", "CLUSTER_MAX")}
 
 
 def apply(specs: list[str]) -> None:
@@ -19,6 +22,8 @@ def apply(specs: list[str]) -> None:
         if not hasattr(mod, name):
             raise SystemExit(f"--const: {fam} has no {name}")
         setattr(mod, name, int(n))
+        if (fam, name) in _HOST_ONLY:
+            continue
         for defs in getattr(mod, "DEFINES", {}).values():
             for key in (name, *(t + name for t in _TAGS)):
                 if key in defs:
