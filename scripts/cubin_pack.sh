@@ -10,7 +10,7 @@
 # NVRTC from a throwaway venv (nvidia-cuda-nvrtc==X.Y.* from pip); NVRTC= uses this machine's.
 # CONSTS="blocks.MVS_BLOCKS_SM=6 blocks.MVS_THREADS=256": this tree's kernels also with each of
 # those constants (scripts/plan_consts.py, as scripts/model_steps.py --const sets them), so an A/B of
-# them on the device compiles nothing either.
+# them on the device compiles nothing either; "A=1,B=2" is one variant with both.
 #   [NVRTC=X.Y] [CONSTS="FAMILY.NAME=N ..."] bash scripts/cubin_pack.sh [ARCH [REV...]]
 set -eu
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ fi
 GG_CACHE_DIR="$tmp" python3 -m gg kernels --arch "$arch" | tail -1
 for c in ${CONSTS:-}; do  # the kernels whose defines it changes add entries
     GG_CACHE_DIR="$tmp" python3 -c "import sys; sys.path.insert(0, 'scripts'); import plan_consts
-plan_consts.apply(['$c']); from gg.__main__ import main; sys.exit(main(['kernels', '--arch', '$arch', '-q']))" | tail -1 | sed "s|^|$c: |"
+plan_consts.apply('$c'.split(',')); from gg.__main__ import main; sys.exit(main(['kernels', '--arch', '$arch', '-q']))" | tail -1 | sed "s|^|$c: |"
 done
 for rev in "$@"; do  # a tree's kernels that differ from this one's add entries; the rest are hits
     mkdir -p "$tmp/tree" && git archive "$rev" gg | tar -x -C "$tmp/tree"
@@ -43,7 +43,7 @@ python3 -c "from gg.backends.cuda import compiler; print('%d.%d' % compiler.nvrt
 # edit's, which would make the pack slow to write and too big to carry
 for c in "" ${CONSTS:-}; do python3 -c "import sys; sys.path.insert(0, 'scripts'); import plan_consts
 from gg.backends.cuda import catalog, compiler
-plan_consts.apply(['$c'] if '$c' else [])
+plan_consts.apply('$c'.split(',') if '$c' else [])
 for f in catalog.files():
     print('cubin/%s.cubin' % compiler.cache_key(compiler.source(f), compiler._headers(), compiler.OPTIONS + compiler.defines(f), '$arch'))"
 done > "$tmp/keep"

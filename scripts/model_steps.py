@@ -37,6 +37,14 @@ def layer_range(steps, layer: int) -> range:
     return range(first, nxt)
 
 
+def decode_plan(path: str, n_ctx: int, n_past: int):
+    """A gg.load'ed model's one-token decode plan, computed once at n_past: (model, steps, memory)."""
+    m = gg.load(path, n_ctx=n_ctx, progress=False)
+    dec = m._decoder("argmax")
+    dec.run([1], n_past)
+    return m, list(dec.graph.plan.steps), dec.graph._executor.memory
+
+
 def fa_chunk(n: int) -> None:
     """attention.FAST_CHUNK = n, with the head groupings the transposed-V P·V step allows (NH <=
     n / 8) and the defines NVRTC gets."""
@@ -257,12 +265,8 @@ def main() -> None:
         blocks.CARRY_TYPES = plan_consts.types(a.carry_types)
     if a.carry_prologue_types is not None:
         blocks.CARRY_INTO_PROLOGUE_TYPES = plan_consts.types(a.carry_prologue_types)
-    m = gg.load(a.model, n_ctx=a.n_ctx, progress=False)
-    dec = m._decoder("argmax")
-    dec.run([1], a.n_past)
+    m, steps, mem = decode_plan(a.model, a.n_ctx, a.n_past)
     rt = runtime.get()
-    steps = list(dec.graph.plan.steps)
-    mem = dec.graph._executor.memory
     full = replay_us(rt, steps, mem, iters=50)
     print(f"{m.name}: {len(steps)} steps, whole plan replayed {full:.1f} us ({1e6 / full:.0f} tokens/s "
           f"without the host), n_ctx {a.n_ctx}, n_past {a.n_past}")

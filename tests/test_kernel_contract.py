@@ -216,3 +216,14 @@ def test_signatures_agree_with_the_driver():
                 break
             sizes.append(int(size))
         assert tuple(sizes) == _kernels(v.file)[v.name].params, v
+
+
+@pytest.mark.parametrize("file, family, define, value", [("attn.cu", "attention", "FA_STAMPS", 1),
+                                                          ("quant.cu", "blocks", "QUANT_STAMP_GRID", 64)])
+def test_measuring_builds_compile_with_the_same_kernels(file, family, define, value, monkeypatch):
+    """The clock-stamp builds (scripts/stamps.py; kernels/common.cuh gg_stamp) keep compiling, with
+    every kernel and signature of the default build: they only add stamps."""
+    plain = cubin.kernels(compiler.compile_file(file, ARCH))
+    monkeypatch.setitem(getattr(families, family).DEFINES[file], define, value)
+    stamped = cubin.kernels(compiler.compile_file(file, ARCH))
+    assert {n: k.params for n, k in stamped.items()} == {n: k.params for n, k in plain.items()}

@@ -69,6 +69,9 @@ BLOCKS_PER_SM = 4
 # the SHORT_CHUNK builds (n_ctx 128-256: the block 38.5 -> 43.2 us, an 8B-dims F16 token 615.7 ->
 # 627.3); docs/performance.md, twenty-eighth session.
 MMA_HEADS = 2
+# 1: a measuring build (kernels/attn.cu fa_stamps: each block's clock at each phase, read by
+# scripts/stamps.py); the plan never needs it
+STAMPS = 0
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
 
 
@@ -94,7 +97,8 @@ def fast_symbol(dtype: str, nh: int, hd: int, v_pos: bool, chunk: int) -> str:
 DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
                        "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
-                       "FA_CLUSTER_MAX": MAX_CLUSTER, "FA_MMA_HEADS": MMA_HEADS, **fast_lists()}}
+                       "FA_CLUSTER_MAX": MAX_CLUSTER, "FA_MMA_HEADS": MMA_HEADS, "FA_STAMPS": STAMPS,
+                       **fast_lists()}}
 
 
 @dataclass(frozen=True)

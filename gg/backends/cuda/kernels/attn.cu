@@ -41,6 +41,21 @@
 #define FA_WARPS (FA_THREADS / 32)
 #define FA_BATCH 16        // chunk results a flash_combine thread loads at once
 
+// FA_STAMPS (attention.STAMPS: a measuring build the planner never asks for; scripts/stamps.py
+// reads it): thread 0 of each block stamps (gg_stamp) each phase of the flash builds it passes
+// into the module's fa_stamps.
+#if FA_STAMPS
+#define FA_STAMP_BLOCKS 256
+#define FA_STAMP_PHASES 12
+__device__ unsigned long long fa_stamps[FA_STAMP_BLOCKS][FA_STAMP_PHASES][3];
+__device__ __forceinline__ void fa_stamp(int phase) {
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (threadIdx.x == 0 && b < FA_STAMP_BLOCKS) gg_stamp(fa_stamps[b][phase]);
+}
+#else
+__device__ __forceinline__ void fa_stamp(int) {}
+#endif
+
 // Sum acc[0..NH) over an aligned group of W lanes (a power of two >= NH). Reduce-scatter: each
 // halving step trades half of the remaining partial sums with the partner lane, so NH sums cost
 // NH - 1 + log2(W / NH) shuffles instead of NH * log2(W). A lane ends up with the total of one
@@ -263,6 +278,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
     }
     visible = __syncthreads_or(visible);
+    fa_stamp(2);
 
     if (visible) {
         auto score = [&](int hh, int jj, float dot) -> float {
@@ -275,6 +291,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             if (!early) copy_tiles();
             cp_async_wait<1>();  // the K tile
             __syncthreads();
+            fa_stamp(3);
             constexpr int GROUPS = FA_THREADS / TPP;
 #pragma unroll
             for (int u = 0; u < CH / GROUPS; ++u) {
@@ -314,6 +331,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
             }
         }
         __syncthreads();
+        fa_stamp(4);
 
         // ---- the chunk's softmax statistics, one warp per head; sc becomes e^(s - m), 0 past len
         // (up to chunk: the fast P·V step reads whole groups of 8)
@@ -332,6 +350,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         }
         if (FAST) cp_async_wait<0>();  // the V tile
         __syncthreads();
+        fa_stamp(5);
 
         // ---- o[d] = Σ_j e_j V[d, j]
         if constexpr (FAST && VP) {
@@ -443,6 +462,7 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         for (int e = tid; e < NH * hd; e += FA_THREADS) put_o(e / hd, e % hd, 0.0f);
         if (early) cp_async_wait<0>();  // no copy may land in a block that has left
     }
+    fa_stamp(6);
     if (cl) flash_cluster_finish<NH, HD>(dst, d, &cml[0][0], co);
     else if (cnt) flash_finish<TK, NH, HD, CH>(dst, d, ws, cnt, dyn);
 }
@@ -539,6 +559,7 @@ __device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, 
         const int tid = threadIdx.x, S = (int)gridDim.x;
         const unsigned me = cluster_rank();
         cluster_sync();  // every chunk's (m, l, o) in its block's shared memory
+        fa_stamp(7);
         if (tid < NH * S) {  // thread i: chunk i % S of head i / S
             const int hh = tid / S, c = tid - hh * S;
             w[tid] = ld_cluster(ml + 2 * hh, (unsigned)c);
@@ -565,6 +586,7 @@ __device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, 
             *(float*)(dst + dd * d.nb[0] + t * d.nb[1] + h * d.nb[2] + i3 * d.nb[3]) =
                 L == 0.0f ? 0.0f : acc / L;  // fully masked: zeros
         }
+        fa_stamp(8);
         cluster_sync();  // the others are done reading this block's shared memory
     }
 #endif
@@ -728,6 +750,7 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
             visible |= m != NEG_INF && !diag(j0 + jj);
         }
     visible = __syncthreads_or(visible);
+    fa_stamp(2);
 
     float mx = NEG_INF, l = 0.0f, o[DN][4];  // head g's chunk max, this thread's share of its sum,
 #pragma unroll                               // the warp's head dims of its O
@@ -751,6 +774,7 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
         }
         cp_async_wait<1>();  // the K tile
         __syncthreads();
+        fa_stamp(3);
         // S: lanes 8 i .. 8 i + 7 address the rows of matrix i = piece 2 kk + i (k-steps kk, kk + 1)
         float s[NT][4];
 #pragma unroll
@@ -796,6 +820,7 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
         }
         cp_async_wait<0>();  // the V tile
         __syncthreads();
+        fa_stamp(5);
         // O = P V over the warp's head dims, two n-tiles an ldmatrix
 #pragma unroll
         for (int ks = 0; ks < CH / 16; ++ks) {
@@ -857,6 +882,7 @@ __device__ __forceinline__ void flash_tc_impl(char* dst, const TDesc& d, const c
             }
         }
     }
+    fa_stamp(6);
     if (cl) flash_cluster_finish<NH, HD>(dst, d, &cml[0][0], co);
     else if (cnt) flash_finish<f16, NH, HD, CH>(dst, d, ws, cnt, dyn);
 }
@@ -898,9 +924,12 @@ __device__ __forceinline__ void flash_l2_prefetch(const TDesc& d, const char* k,
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                               \
         NAME(char* dst, TDesc d, const char* q, TDesc qd, const char* k, TDesc kd, const char* v, TDesc vd, \
              const char* mask, TDesc md, int mdt, FaArgs p, float* ws, int* cnt) {                         \
+        fa_stamp(0);                                                                                       \
         flash_l2_prefetch<T, NH, HD, VP, CH>(d, k, kd, v, vd, p);                                          \
         gg_grid_sync();                                                                                    \
+        fa_stamp(1);                                                                                       \
         flash_entry<T, NH, HD, VP, CH>(dst, d, q, qd, k, kd, v, vd, mask, md, mdt, p, ws, cnt);            \
+        fa_stamp(9);                                                                                       \
     }
 // Fast builds for the F16 and BF16 caches of head size 64 and 128, every head grouping, both V
 // layouts, in chunks of FA_CHUNK positions, and for short contexts in the host's short chunk C

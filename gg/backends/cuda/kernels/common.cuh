@@ -355,6 +355,20 @@ __device__ __forceinline__ void gg_grid_sync() {
     gg_launch_dependents();
 }
 
+// Measuring builds only (attention.STAMPS, blocks.STAMP_GRID; scripts/flash_stamps.py and
+// scripts/mvs_stamps.py read the stamps): %globaltimer (ns, comparable across SMs) and the SM's
+// clock into stamp[0..1], and the SM's id into stamp[2]: where a kernel's time goes inside a
+// replayed graph, which no profiler shows.
+__device__ __forceinline__ void gg_stamp(unsigned long long* stamp) {
+    unsigned long long g;
+    unsigned sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    stamp[0] = g;
+    stamp[1] = clock64();
+    stamp[2] = sm;
+}
+
 // The only thing a kernel may do before gg_grid_sync(): ask L2 for `bytes` at p (null: nothing)
 // that it will read once the wait is over. A prefetch moves no data into the kernel, and L2 is
 // where every write lands, so a line the predecessor is still writing is never read stale; it

@@ -1097,6 +1097,19 @@ struct MvsRows {
     __device__ __forceinline__ i64 index(int j, i64 n_rows) const { return j < no ? r0 + j : n_rows + r0 + (j - no); }
 };
 
+// QUANT_STAMP_GRID > 0 (blocks.STAMP_GRID: a measuring build; scripts/mvs_stamps.py): thread 0 of
+// each block of a streaming launch with that many blocks stamps (gg_stamp) its phases into
+// mvs_stamps: 0 entry, 1 early copies issued, 2 wait over, 3 chunk 0 landed, 4 dot done, 5 sums
+// written (a K part's last block: 6 the parts added up). The last such launch's stamps stay.
+#if QUANT_STAMP_GRID > 0
+__device__ unsigned long long mvs_stamps[QUANT_STAMP_GRID][8][3];
+__device__ __forceinline__ void mvs_stamp(int phase) {
+    if (threadIdx.x == 0 && gridDim.x == QUANT_STAMP_GRID) gg_stamp(mvs_stamps[blockIdx.x][phase]);
+}
+#else
+__device__ __forceinline__ void mvs_stamp(int) {}
+#endif
+
 // y[r] = sum_k W[r, k] x[k] (+ res[r]) for the block's rows (MvsRows); ACT: y[r] = act(gate row r)
 // * (up row r). parts > 1: each block's sums go to partial[part][weight row], and the last block of
 // a row block to take its ticket (tickets[row block]) adds them up in part order and writes y.
@@ -1128,6 +1141,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     __shared__ unsigned char roff[QUANT_MVS_SLOTS * R];  // each weight row's offset from a 16-byte boundary
     const MvsRows<Q, R, ACT> g(w, w2, w_nb1, n_rows, K, parts);  // arithmetic only: nothing read yet
     if (g.no == 0) return;
+    mvs_stamp(0);
     const int tid = threadIdx.x, nblk = g.nblk, tpr = g.tpr, slots = g.slots, no = g.no, nr = g.nr;
     const i64 r0 = g.r0;
     constexpr int IPB = MvsRows<Q, R, ACT>::IPB;
@@ -1234,7 +1248,9 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
     if (!aligned && !dense)
         for (int j = tid; j < nr; j += NT) roff[j] = (unsigned char)((unsigned long long)g.row(j) & 15u);
     if (early && nblk > 0) issue(0);
+    mvs_stamp(1);
     gg_grid_wait();
+    mvs_stamp(2);
     if (!late) gg_launch_dependents();
     if (!early && nblk > 0) issue(0);
     // CARRY, reading: the producer's sums of squares copied into shared memory (cp.async: no register
@@ -1262,6 +1278,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         if (late && c + 1 == nchunks) gg_launch_dependents();
         if (CARRY && c == 0 && ncss > 0 && bulk) cp_async_wait<0>();  // (the bulk path's chunks count no group)
         __syncthreads();
+        if (c == 0) mvs_stamp(3);
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
@@ -1287,6 +1304,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
     }
+    mvs_stamp(4);
     float scale = 1.0f;  // NORM: 1 / rms(x) from this block's sum(x^2) (the whole row when parts == 1)
     if constexpr (NORM) {
         ss = warp_sum(ss);
@@ -1348,6 +1366,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             finish(j, v);
         }
     }
+    mvs_stamp(5);
     if (parts > 1) {  // the last block of the row block adds the parts' sums
         if (!gg_last_block<QUANT_MVS_RELEASE != 0>(tickets + g.rb, parts)) return;
         if constexpr (NORM) {
@@ -1366,6 +1385,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             else out(i, res ? v + res[r0 + i] : v);
         }
         if (tid == 0) tickets[g.rb] = 0;  // ready for the next run
+        mvs_stamp(6);
     } else if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
         __syncthreads();
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
