@@ -12,8 +12,9 @@ after its predecessor only; phases 0 entry, 1 wait over, 2 q and mask loaded, 3 
 4 scores, 5 V tile landed (softmax done), 6 P·V done, 7 cluster: every chunk published,
 8 cluster: outputs written, 9 exit. Times from the moment the first block's wait ended.
 mvs (blocks.STAMP_GRID = N): the last streaming launch of N blocks (kernels/quant.cu mvs_stamp);
-phases 0 entry, 1 early copies issued, 2 wait over, 3 chunk 0 landed, 4 dot done, 5 sums
-written, 6 (a K part's last block) parts added up; and the blocks' entries and landings per
+phases 0 entry, 1 early copies issued, 2 wait over, 3 chunk 0's activations loaded and quantized
+(thread 0's), 4 chunk 0 landed, 5 dot done, 6 sums written, 7 (a K part's last block) parts
+added up; and the blocks' entries and landings per
 microsecond: how many run at once, and how fast the weights arrive.
 """
 from __future__ import annotations
@@ -35,7 +36,8 @@ from model_steps import decode_plan  # noqa: E402
 
 FLASH = ("entry", "wait over", "q, mask", "K tile", "scores", "V tile", "P.V", "cl: published",
          "cl: written", "exit")
-MVS = ("entry", "early issued", "wait over", "chunk 0 landed", "dot done", "sums written", "parts added")
+MVS = ("entry", "early issued", "wait over", "x quantized", "chunk 0 landed", "dot done", "sums written",
+       "parts added")
 
 
 def _read(rt, file: str, symbol: str, reset: bool) -> np.ndarray:
@@ -97,9 +99,9 @@ def timeline(st: np.ndarray, first: int) -> None:
     leaving, and resident at its end."""
     g = st[..., 0]
     t0 = g[:, first].min()
-    ends = np.where(g[:, 6] >= g[:, 5], g[:, 6], g[:, 5])
+    ends = np.where(g[:, 7] >= g[:, 6], g[:, 7], g[:, 6])
     rel = lambda a: np.floor((a - t0) / 1e3).astype(int)  # noqa: E731
-    ent, land, out = rel(g[:, 0]), rel(g[:, 3]), rel(ends)
+    ent, land, out = rel(g[:, 0]), rel(g[:, 4]), rel(ends)
     lo, hi = min(ent.min(), 0), out.max()
     print(f"  {'us':>4} {'enter':>6} {'landed':>7} {'leave':>6} {'resident':>9}")
     for t in range(lo, hi + 1):
@@ -138,7 +140,7 @@ def mvs(a) -> None:
     st = stamped(rt, steps, mem, "quant.cu", "mvs_stamps", 8)
     if not len(st):
         raise SystemExit(f"no streaming launch of {a.grid} blocks in the plan")
-    report(title, st, MVS, 2, 5)
+    report(title, st, MVS, 2, 6)
     timeline(st, 2)
 
 

@@ -108,7 +108,7 @@ MVS_RELEASE = 0
 # default policy (A/B: --const blocks.MVS_EVICT_FIRST=0)
 MVS_EVICT_FIRST = 1
 # > 0: a measuring build (kernels/quant.cu mvs_stamp): the streaming launches of this many blocks
-# stamp each block's phases, read by scripts/mvs_stamps.py; the plan never needs it
+# stamp each block's phases, read by scripts/stamps.py; the plan never needs it
 STAMP_GRID = 0
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
 # 1: a streaming kernel followed by another lets it launch only once its own copies have landed

@@ -355,14 +355,15 @@ __device__ __forceinline__ void gg_grid_sync() {
     gg_launch_dependents();
 }
 
-// Measuring builds only (attention.STAMPS, blocks.STAMP_GRID; scripts/flash_stamps.py and
-// scripts/mvs_stamps.py read the stamps): %globaltimer (ns, comparable across SMs) and the SM's
-// clock into stamp[0..1], and the SM's id into stamp[2]: where a kernel's time goes inside a
-// replayed graph, which no profiler shows.
-__device__ __forceinline__ void gg_stamp(unsigned long long* stamp) {
+// Measuring builds only (attention.STAMPS, blocks.STAMP_GRID; scripts/stamps.py reads the
+// stamps): %globaltimer (ns, comparable across SMs) and the SM's clock into stamp[0..1], and the
+// SM's id into stamp[2]: where a kernel's time goes inside a replayed graph, which no profiler
+// shows. `after`: a value the stamp waits for (its input operand), so that the compiler cannot
+// read the clock before that value is computed.
+__device__ __forceinline__ void gg_stamp(unsigned long long* stamp, float after = 0.0f) {
     unsigned long long g;
     unsigned sm;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g) : "f"(after));
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     stamp[0] = g;
     stamp[1] = clock64();

@@ -1097,17 +1097,18 @@ struct MvsRows {
     __device__ __forceinline__ i64 index(int j, i64 n_rows) const { return j < no ? r0 + j : n_rows + r0 + (j - no); }
 };
 
-// QUANT_STAMP_GRID > 0 (blocks.STAMP_GRID: a measuring build; scripts/mvs_stamps.py): thread 0 of
+// QUANT_STAMP_GRID > 0 (blocks.STAMP_GRID: a measuring build; scripts/stamps.py): thread 0 of
 // each block of a streaming launch with that many blocks stamps (gg_stamp) its phases into
-// mvs_stamps: 0 entry, 1 early copies issued, 2 wait over, 3 chunk 0 landed, 4 dot done, 5 sums
-// written (a K part's last block: 6 the parts added up). The last such launch's stamps stay.
+// mvs_stamps: 0 entry, 1 early copies issued, 2 wait over, 3 chunk 0's activations quantized, 4
+// chunk 0 landed, 5 dot done, 6 sums written (a K part's last block: 7 the parts added up). The
+// last such launch's stamps stay.
 #if QUANT_STAMP_GRID > 0
 __device__ unsigned long long mvs_stamps[QUANT_STAMP_GRID][8][3];
-__device__ __forceinline__ void mvs_stamp(int phase) {
-    if (threadIdx.x == 0 && gridDim.x == QUANT_STAMP_GRID) gg_stamp(mvs_stamps[blockIdx.x][phase]);
+__device__ __forceinline__ void mvs_stamp(int phase, float after = 0.0f) {
+    if (threadIdx.x == 0 && gridDim.x == QUANT_STAMP_GRID) gg_stamp(mvs_stamps[blockIdx.x][phase], after);
 }
 #else
-__device__ __forceinline__ void mvs_stamp(int) {}
+__device__ __forceinline__ void mvs_stamp(int, float = 0.0f) {}
 #endif
 
 // y[r] = sum_k W[r, k] x[k] (+ res[r]) for the block's rows (MvsRows); ACT: y[r] = act(gate row r)
@@ -1273,12 +1274,13 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             xb = mvs_quantize<NORM>(x + (i64)b * 32, nw + (NORM ? (i64)b * 32 : 0), xvec, s2);
             if (slot == 0) ss += s2;
         }
+        if (c == 0) mvs_stamp(3, live ? xb.d : 0.0f);  // once thread 0's activations are in (d needs them all)
         if (CARRY && c == 0 && cw && tid < no) cwv = cw[r0 + tid];  // after the activations: not to delay them
         land(c);
         if (late && c + 1 == nchunks) gg_launch_dependents();
         if (CARRY && c == 0 && ncss > 0 && bulk) cp_async_wait<0>();  // (the bulk path's chunks count no group)
         __syncthreads();
-        if (c == 0) mvs_stamp(3);
+        if (c == 0) mvs_stamp(4);
         if (live) {
             const unsigned ib = (unsigned)(item / IPB * Q::BYTES);  // the item's block in a stage row
             const u8* sb = mvs_smem + (c & 1) * (nr * rs) + slot * R * rs + ib;
@@ -1304,7 +1306,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
         }
         __syncthreads();  // stage c & 1 is free for chunk c + 2
     }
-    mvs_stamp(4);
+    mvs_stamp(5);
     float scale = 1.0f;  // NORM: 1 / rms(x) from this block's sum(x^2) (the whole row when parts == 1)
     if constexpr (NORM) {
         ss = warp_sum(ss);
@@ -1366,7 +1368,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             finish(j, v);
         }
     }
-    mvs_stamp(5);
+    mvs_stamp(6);
     if (parts > 1) {  // the last block of the row block adds the parts' sums
         if (!gg_last_block<QUANT_MVS_RELEASE != 0>(tickets + g.rb, parts)) return;
         if constexpr (NORM) {
@@ -1385,7 +1387,7 @@ __device__ __forceinline__ void mvs_impl(const char* w, const char* w2, i64 w_nb
             else out(i, res ? v + res[r0 + i] : v);
         }
         if (tid == 0) tickets[g.rb] = 0;  // ready for the next run
-        mvs_stamp(6);
+        mvs_stamp(7);
     } else if constexpr (ACT != MV_ACT_NONE) {  // gate row i is fin[i], up row i fin[no + i]
         __syncthreads();
         for (int i = tid; i < no; i += NT) y[r0 + i] = mv_act<ACT>(fin[i]) * fin[no + i];
