@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import gg  # noqa: E402
 from gg.backends.cuda import compiler, runtime  # noqa: E402
 from gg.backends.cuda.program import Program  # noqa: E402
+from gg.backends.cuda.families import attention, blocks  # noqa: E402
 from gg.backends.cuda.runtime import check, cu  # noqa: E402
 import plan_consts  # noqa: E402
 from model_steps import decode_plan  # noqa: E402
@@ -40,18 +41,6 @@ MVS = ("entry", "early issued", "wait over", "x quantized", "chunk 0 landed", "d
        "parts added")
 
 
-def _read(rt, file: str, symbol: str, reset: bool) -> np.ndarray:
-    mod = rt._modules[(file, compiler.defines(file))]
-    ptr, size = check(cu.cuModuleGetGlobal(mod, symbol.encode()), f"finding {symbol}")
-    out = np.zeros(size // 8, np.uint64)
-    with rt.enter():
-        if reset:
-            check(cu.cuMemsetD8(ptr, 0, size), f"zeroing {symbol}")
-        else:
-            check(cu.cuMemcpyDtoH(out.ctypes.data, ptr, size), f"reading {symbol}")
-    return out.astype(np.int64)
-
-
 def stamped(rt, steps, memory, file: str, symbol: str, phases: int, reps: int = 10) -> np.ndarray:
     """(blocks, phases, 3) stamps of the last stamping launch of a replay of `steps` (after `reps`
     warm-up replays; zeroed before it): globaltimer ns, SM clock, SM id."""
@@ -59,11 +48,16 @@ def stamped(rt, steps, memory, file: str, symbol: str, phases: int, reps: int = 
     for _ in range(reps):
         prog.run()
     rt.synchronize("warm-up")
-    _read(rt, file, symbol, reset=True)
+    mod = rt._modules[(file, compiler.defines(file))]
+    ptr, size = check(cu.cuModuleGetGlobal(mod, symbol.encode()), f"finding {symbol}")
+    with rt.enter():
+        check(cu.cuMemsetD8(ptr, 0, size), f"zeroing {symbol}")
     prog.run()
     rt.synchronize("stamped replay")
-    st = _read(rt, file, symbol, reset=False)
-    st = st.reshape(-1, phases, 3)
+    st = np.zeros(size // 8, np.uint64)
+    with rt.enter():
+        check(cu.cuMemcpyDtoH(st.ctypes.data, ptr, size), f"reading {symbol}")
+    st = st.astype(np.int64).reshape(-1, phases, 3)
     return st[st[:, 0, 0] != 0]
 
 
@@ -118,7 +112,7 @@ def flash(a) -> None:
     print(f"{m.name}: n_ctx {a.n_ctx}, n_past {a.n_past}, flash step {fl.kernel}")
     for title, run in (("in the token (the last layer's flash step)", steps), ("alone", [fl]),
                        ("after its predecessor only", steps[i - 1:i + 1])):
-        report(title, stamped(rt, run, mem, "attn.cu", "fa_stamps", 12), FLASH, 1, 9)
+        report(title, stamped(rt, run, mem, "attn.cu", "fa_stamps", attention.STAMP_PHASES), FLASH, 1, 9)
 
 
 def mvs(a) -> None:
@@ -137,7 +131,7 @@ def mvs(a) -> None:
         g.compute()
         steps, mem = list(g.plan.steps), g._executor.memory
         title = f"{a.type} {rows} x {k} alone ({steps[-1].kernel})"
-    st = stamped(rt, steps, mem, "quant.cu", "mvs_stamps", 8)
+    st = stamped(rt, steps, mem, "quant.cu", "mvs_stamps", blocks.STAMP_PHASES)
     if not len(st):
         raise SystemExit(f"no streaming launch of {a.grid} blocks in the plan")
     report(title, st, MVS, 2, 6)

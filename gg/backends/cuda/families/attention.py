@@ -70,8 +70,9 @@ BLOCKS_PER_SM = 4
 # 627.3); docs/performance.md, twenty-eighth session.
 MMA_HEADS = 2
 # 1: a measuring build (kernels/attn.cu fa_stamps: each block's clock at each phase, read by
-# scripts/stamps.py); the plan never needs it
+# scripts/stamps.py); the plan never needs it. The stamps of the first STAMP_BLOCKS blocks, STAMP_PHASES a block.
 STAMPS = 0
+STAMP_BLOCKS, STAMP_PHASES = 256, 10
 O_ALIGN = 16              # bytes: the workspace's o starts this aligned (kernels/attn.cu fa_o_base; cp.async)
 
 
@@ -98,7 +99,7 @@ DEFINES = {"attn.cu": {"FA_THREADS": THREADS, "FA_MAX_CHUNK": CHUNKS[0],
                        "FA_MAX_HD": MAX_HD, "FA_MAX_SPLITS": MAX_SPLITS, "FC_THREADS": COMBINE_THREADS,
                        "FC_OUT": COMBINE_OUT, "FA_FUSE_SPLITS": FUSE_MAX, "FA_O_ALIGN": O_ALIGN,
                        "FA_CLUSTER_MAX": MAX_CLUSTER, "FA_MMA_HEADS": MMA_HEADS, "FA_STAMPS": STAMPS,
-                       **fast_lists()}}
+                       "FA_STAMP_BLOCKS": STAMP_BLOCKS, "FA_STAMP_PHASES": STAMP_PHASES, **fast_lists()}}
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,8 @@ MVS_RELEASE = 0
 # default policy (A/B: --const blocks.MVS_EVICT_FIRST=0)
 MVS_EVICT_FIRST = 1
 # > 0: a measuring build (kernels/quant.cu mvs_stamp): the streaming launches of this many blocks
-# stamp each block's phases, read by scripts/stamps.py; the plan never needs it
-STAMP_GRID = 0
+# stamp each block's STAMP_PHASES phases, read by scripts/stamps.py; the plan never needs it
+STAMP_GRID, STAMP_PHASES = 0, 8
 MVS_EARLY, MVS_LATE = 1, 2  # the streaming kernels' `pdl` flags (vecs_args); MVS_EARLY the mat-vecs' too
 # 1: a streaming kernel followed by another lets it launch only once its own copies have landed
 # (MVS_LATE), so that the next one's early copies fill its tail instead of competing with its
@@ -176,7 +176,8 @@ DEFINES = {"quant.cu": {"QUANT_SIB_MAX": SIB_MAX, "QUANT_SIB_BLOCKS": SIB_BLOCKS
                         "QUANT_MVS_EARLY": MVS_EARLY, "QUANT_MVS_LATE": MVS_LATE,
                         "QUANT_MVS_CARRY_LOADS": CARRY_LOADS,
                         "QUANT_MVS_CARRY_BLOCKS_SM": MVS_CARRY_BLOCKS_SM, "QUANT_MVS_CARRY_BLOCKS_SM_R8": MVS_CARRY_BLOCKS_SM_R8,
-                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0, "QUANT_STAMP_GRID": STAMP_GRID}}
+                        "QUANT_MVS_CARRY_BLOCKS_SM_Q8_0": MVS_CARRY_BLOCKS_SM_Q8_0, "QUANT_STAMP_GRID": STAMP_GRID,
+                        "QUANT_STAMP_PHASES": STAMP_PHASES}}
 
 
 def rows_2d(a: Tensor) -> bool:

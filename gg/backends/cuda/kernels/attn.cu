@@ -45,8 +45,6 @@
 // reads it): thread 0 of each block stamps (gg_stamp) each phase of the flash builds it passes
 // into the module's fa_stamps.
 #if FA_STAMPS
-#define FA_STAMP_BLOCKS 256
-#define FA_STAMP_PHASES 12
 __device__ unsigned long long fa_stamps[FA_STAMP_BLOCKS][FA_STAMP_PHASES][3];
 __device__ __forceinline__ void fa_stamp(int phase) {
     const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);

@@ -1103,7 +1103,7 @@ struct MvsRows {
 // chunk 0 landed, 5 dot done, 6 sums written (a K part's last block: 7 the parts added up). The
 // last such launch's stamps stay.
 #if QUANT_STAMP_GRID > 0
-__device__ unsigned long long mvs_stamps[QUANT_STAMP_GRID][8][3];
+__device__ unsigned long long mvs_stamps[QUANT_STAMP_GRID][QUANT_STAMP_PHASES][3];
 __device__ __forceinline__ void mvs_stamp(int phase, float after = 0.0f) {
     if (threadIdx.x == 0 && gridDim.x == QUANT_STAMP_GRID) gg_stamp(mvs_stamps[blockIdx.x][phase], after);
 }
