@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every kernel of this tree (and of each REV given: e.g. main's, for an A/B of an experiment branch
-# against it on the device, .ab/old) compiled here for ARCH (NVRTC needs no GPU), packed for the device machine: carry
-# .cubin.tar.xz (about 6 MB) and scripts/gpu_env.sh unpacks it into gg's disk cache there, so a
-# fresh machine starts without minutes of NVRTC compiles. An entry's key is the sha256 of its
-# source, options, arch and NVRTC version (gg/backends/cuda/compiler.py): where the device's NVRTC
-# or a kernel source differs, that entry is simply not used.
+# against it on the device, .ab/old) compiled here for ARCH (NVRTC needs no GPU), packed for the
+# device machine: carry .cubin.tar.xz (about 6 MB) and scripts/gpu_env.sh unpacks it into gg's
+# disk cache there, so a fresh machine starts without minutes of NVRTC compiles. An entry's key is
+# the sha256 of its source, options, arch and NVRTC version (gg/backends/cuda/compiler.py): where
+# the device's NVRTC or a kernel source differs, that entry is simply not used.
 # NVRTC=X.Y (default 13.0, the H200 machines' as scripts/gpu_env.sh reported it in the nineteenth
 # session; their first session's pack by this machine's 13.5 served nothing) compiles with that
 # NVRTC from a throwaway venv (nvidia-cuda-nvrtc==X.Y.* from pip); NVRTC= uses this machine's.
