@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 
 import gg  # noqa: E402
-from gg.backends.cuda import compiler, runtime  # noqa: E402
+from gg.backends.cuda import runtime  # noqa: E402
 from gg.backends.cuda.program import Program  # noqa: E402
 from gg.backends.cuda.families import attention, blocks  # noqa: E402
 from gg.backends.cuda.runtime import check, cu  # noqa: E402
@@ -48,8 +48,7 @@ def stamped(rt, steps, memory, file: str, symbol: str, phases: int, reps: int = 
     for _ in range(reps):
         prog.run()
     rt.synchronize("warm-up")
-    mod = rt._modules[(file, compiler.defines(file))]
-    ptr, size = check(cu.cuModuleGetGlobal(mod, symbol.encode()), f"finding {symbol}")
+    ptr, size = rt.global_symbol(file, symbol)
     with rt.enter():
         check(cu.cuMemsetD8(ptr, 0, size), f"zeroing {symbol}")
     prog.run()

@@ -199,17 +199,28 @@ class Runtime:
             (mod,) = check(cu.cuModuleLoadData(cubin), f"loading the module of {file} ({self.arch})")
             self._modules[(file, compiler.defines(file))] = mod
 
-    def _function(self, file: str, name: str) -> Any:
+    def _module(self, file: str) -> Any:
         key = (file, compiler.defines(file))
-        fn = self._functions.get(key + (name,))
+        mod = self._modules.get(key)
+        if mod is None:
+            self.add_module(file, compiler.compile_file(file, self.arch))
+            mod = self._modules[key]
+        return mod
+
+    def _function(self, file: str, name: str) -> Any:
+        key = (file, compiler.defines(file), name)
+        fn = self._functions.get(key)
         if fn is None:
-            mod = self._modules.get(key)
-            if mod is None:
-                self.add_module(file, compiler.compile_file(file, self.arch))
-                mod = self._modules[key]
-            (fn,) = check(cu.cuModuleGetFunction(mod, name.encode()), f"finding kernel {name} in {file}")
-            self._functions[key + (name,)] = fn
+            (fn,) = check(cu.cuModuleGetFunction(self._module(file), name.encode()), f"finding kernel {name} in {file}")
+            self._functions[key] = fn
         return fn
+
+    def global_symbol(self, file: str, name: str) -> tuple[int, int]:
+        """Device address and bytes of the __device__ variable `name` of kernels/<file> (as built
+        with the current defines): a measuring build's stamps (scripts/stamps.py)."""
+        with self.enter():
+            ptr, size = check(cu.cuModuleGetGlobal(self._module(file), name.encode()), f"finding {name} in {file}")
+        return int(ptr), int(size)
 
     def max_threads(self, file: str, name: str) -> int:
         """The most threads per block kernel `name` can launch with (its registers decide)."""
