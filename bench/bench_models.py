@@ -1,10 +1,13 @@
 """gg vs llama.cpp's llama-bench on the same GGUF files, side by side (pp512 and tg128 tokens/s).
 
     PYTHONPATH=. python3 bench/bench_models.py FILE.gguf [...] [--llama-bench PATH] [-p 512] [-n 128] [-r 3]
+                                              [--const FAMILY.NAME=N ...]
 
 gg's figures come from `python -m gg bench` (a warm-up, then -r runs; mean ± sd); llama.cpp's from
 `llama-bench -ngl 99 -fa 1 -o json`, whose first pp sample is a warm-up (the anchors' README:
-quote steady samples), so its mean here is over the samples after the first.
+quote steady samples), so its mean here is over the samples after the first. --const runs gg
+with a CUDA family's switch set (scripts/plan_consts.py, as the A/B scripts take it), so a kernel
+variant not yet the default is measured against llama.cpp the same way.
 """
 from __future__ import annotations
 
@@ -17,9 +20,14 @@ import subprocess
 import sys
 
 
-def gg_bench(path: str, p: int, n: int, r: int) -> dict[str, list[float]]:
-    out = subprocess.run([sys.executable, "-m", "gg", "bench", path, "-p", str(p), "-n", str(n), "-r", str(r)],
-                         capture_output=True, text=True, check=False)
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
+
+
+def gg_bench(path: str, p: int, n: int, r: int, consts: list[str] = ()) -> dict[str, list[float]]:
+    args = ["bench", path, "-p", str(p), "-n", str(n), "-r", str(r)]
+    run = (["-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); import plan_consts; plan_consts.apply({list(consts)!r}); "
+                  f"from gg.__main__ import main; sys.exit(main({args!r}))"] if consts else ["-m", "gg", *args])
+    out = subprocess.run([sys.executable, *run], capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"gg bench {path} failed:\n{out.stderr[-2000:]}")
     got: dict[str, list[float]] = {}
@@ -51,10 +59,14 @@ def main() -> int:
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--const", action="append", default=[], metavar="FAMILY.NAME=N",
+                    help="gg with this CUDA family constant set (scripts/plan_consts.py); repeatable")
     a = ap.parse_args()
+    if a.const:
+        print(f"gg with {' '.join(a.const)}")
     print("| file | test | gg t/s | llama.cpp t/s | gg / llama.cpp |\n|---|---|---:|---:|---:|")
     for f in a.files:
-        ours = gg_bench(f, a.p, a.n, a.r)
+        ours = gg_bench(f, a.p, a.n, a.r, a.const)
         theirs = llama_bench(a.llama_bench, f, a.p, a.n, a.r) if a.llama_bench else {}
         for test in (f"pp{a.p}", f"tg{a.n}"):
             g = ours.get(test)

@@ -16,6 +16,7 @@
 #   bash scripts/gpu_session.sh models  once the build is done: the SmolLM2-dims twins benched by gg
 #                                       and llama.cpp side by side
 #   bash scripts/gpu_session.sh models8b  the same for llama-3-8B dims (F16, Q8_0, Q4_0; QUANTS=, NO_F16=1)
+#                                       (both: GG_CONSTS="FAMILY.NAME=N ...": gg with those switches set)
 #   bash scripts/gpu_session.sh abbench `gg bench` of one file (AB_FILE) by each tree in AB_TREES (this one,
 #                                       .ab/old), twice, alternating (AB_ARGS, default "-p 512 -n 0 -r 5")
 #   bash scripts/gpu_session.sh twin    a whole decode token replayed on 4-layer llama-3-8B-dims twins
@@ -105,7 +106,8 @@ models8b)   # the llama-3-8B-dims files (F16, and Q8_0 / Q4_0 by llama-quantize)
     tail -2 /tmp/lcpp_build.log
     for q in ${QUANTS:-Q8_0 Q4_0}; do [ -f $W/8b-$q.gguf ] || $B/llama-quantize $W/8b-F16.gguf $W/8b-$q.gguf $q 16 > /dev/null 2>&1; done
     python3 bench/bench_models.py $( [ -z "${NO_F16:-}" ] && echo $W/8b-F16.gguf ) $(for q in ${QUANTS:-Q8_0 Q4_0}; do echo $W/8b-$q.gguf; done) \
-        $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models_8b.log"
+        $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) $(for c in ${GG_CONSTS:-}; do echo --const $c; done) \
+        2>&1 | tee "$OUT/bench_models_8b.log"
     ;;
 models)
     build_llamacpp
@@ -115,7 +117,8 @@ models)
     python3 .anchors/gen_gguf.py --dims smol --out $W/smol-F16.gguf --tok .anchors/smol_tok_meta.json > /dev/null
     for q in Q4_1 Q8_0; do $B/llama-quantize $W/smol-F16.gguf $W/smol-$q.gguf $q 16 > /dev/null 2>&1; done
     python3 bench/bench_models.py $W/smol-F16.gguf $W/smol-Q8_0.gguf $W/smol-Q4_1.gguf \
-        $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) 2>&1 | tee "$OUT/bench_models.log"
+        $( [ -x $B/llama-bench ] && echo --llama-bench $B/llama-bench ) $(for c in ${GG_CONSTS:-}; do echo --const $c; done) \
+        2>&1 | tee "$OUT/bench_models.log"
     ;;
 abbench)  # `gg bench` of one file by each tree, alternating (AB_FILE=8b-F16 of models8b's files or a path;
     # AB_TREES=". .ab/old"; AB_ARGS="-p 512 -n 0 -r 5"): python -m gg takes the gg of the directory it runs in

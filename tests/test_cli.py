@@ -1,5 +1,6 @@
-"""The command line (help, info, demo, kernels, run/bench dispatch, unknown commands) and the
-printed plan (footer, human-readable sizes)."""
+"""The command line (help, info, demo, kernels, run/bench dispatch, unknown commands), the
+printed plan (footer, human-readable sizes) and bench/bench_models.py's --const."""
+import os
 import re
 import subprocess
 import sys
@@ -156,3 +157,15 @@ def test_plan_sizes_are_human_readable():
     text = str(plan)
     assert "4.00 TiB" in text and "4.00 TiB" in plan.summary()
     assert not re.search(r"\d{5,}(\.\d+)? [KMGT]iB", text), text
+
+
+# ---- bench/bench_models.py --const ----------------------------------------------------------------
+def test_bench_models_runs_gg_with_a_const_set(monkeypatch):
+    """bench_models.py --const runs `gg bench` with the switch applied first (scripts/plan_consts.py):
+    a constant no family has stops it before the model loads; a real one reaches the model."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import bench_models
+    with pytest.raises(RuntimeError, match="--const: blocks has no NOPE"):
+        bench_models.gg_bench("/nonexistent.gguf", 8, 4, 1, ["blocks.NOPE=0"])
+    with pytest.raises(RuntimeError, match="no such file: /nonexistent.gguf"):
+        bench_models.gg_bench("/nonexistent.gguf", 8, 4, 1, ["blocks.MVS_EVICT_FIRST=0"])
