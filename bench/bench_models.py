@@ -18,15 +18,18 @@ import re
 import statistics
 import subprocess
 import sys
-
+from collections.abc import Sequence
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
 
 
-def gg_bench(path: str, p: int, n: int, r: int, consts: list[str] = ()) -> dict[str, list[float]]:
+def gg_bench(path: str, p: int, n: int, r: int, consts: Sequence[str] = ()) -> dict[str, list[float]]:
     args = ["bench", path, "-p", str(p), "-n", str(n), "-r", str(r)]
-    run = (["-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); import plan_consts; plan_consts.apply({list(consts)!r}); "
-                  f"from gg.__main__ import main; sys.exit(main({args!r}))"] if consts else ["-m", "gg", *args])
+    # with switches: set them (as the A/B scripts do) in the child, then run the same command
+    run = ["-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); import plan_consts; "
+                 f"plan_consts.apply({list(consts)!r}); from gg.__main__ import main; sys.exit(main({args!r}))"]
+    if not consts:
+        run = ["-m", "gg", *args]
     out = subprocess.run([sys.executable, *run], capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"gg bench {path} failed:\n{out.stderr[-2000:]}")
