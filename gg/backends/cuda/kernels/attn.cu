@@ -248,7 +248,18 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     constexpr int TPP = FAST ? (HD / 8 > NH ? HD / 8 : NH) : 32;
     const int grp = tid / TPP, gl = tid % TPP;
     float qr[NH][8];
-    if (FAST) {
+    // (q rows of contiguous floats, 16-byte aligned, as a model's are: two vector loads a head
+    // instead of 8 loads, each with its 64-bit address, a head)
+    const bool qvec = FAST && qd.nb[0] == 4 && (((unsigned long long)qb | (unsigned long long)qd.nb[2]) & 15u) == 0;
+    if (FAST && qvec) {
+#pragma unroll
+        for (int hh = 0; hh < NH; ++hh) {
+            const float4 a = gl * 8 < hd ? *(const float4*)(qb + hh * qd.nb[2] + gl * 32) : make_float4(0, 0, 0, 0);
+            const float4 b = gl * 8 < hd ? *(const float4*)(qb + hh * qd.nb[2] + gl * 32 + 16) : make_float4(0, 0, 0, 0);
+            qr[hh][0] = a.x, qr[hh][1] = a.y, qr[hh][2] = a.z, qr[hh][3] = a.w;
+            qr[hh][4] = b.x, qr[hh][5] = b.y, qr[hh][6] = b.z, qr[hh][7] = b.w;
+        }
+    } else if (FAST) {
 #pragma unroll
         for (int hh = 0; hh < NH; ++hh)
 #pragma unroll
@@ -264,16 +275,24 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
     // position is visible at all
     const char* mbase = mask ? mask + (t % md.ne[1]) * md.nb[1] + (i3 % md.ne[3]) * md.nb[3] : nullptr;
     int visible = !(p.post > 0.0f);  // post <= 0 turns -inf into +inf or NaN: never skip then
-    for (int jj = tid; jj < len; jj += FA_THREADS) {
+    const bool mrow = md.ne[2] == 1;  // one mask row for every head: loaded once
+    auto mask_at = [&](int jj) {
         const i64 j = j0 + jj;
+        float m0 = 0.0f;
 #pragma unroll
         for (int hh = 0; hh < NH; ++hh) {
-            const float m = mbase ? ld_dt(mbase + ((unsigned)(h0 + hh) % (unsigned)md.ne[2]) * md.nb[2] + j * md.nb[0],
-                                          mdt)
-                                  : 0.0f;
+            const float m = !mbase ? 0.0f
+                            : hh > 0 && mrow ? m0
+                            : ld_dt(mbase + ((unsigned)(h0 + hh) % (unsigned)md.ne[2]) * md.nb[2] + j * md.nb[0], mdt);
+            if (hh == 0) m0 = m;
             sc[hh][jj] = m;
             visible |= m != NEG_INF && !diag(j);
         }
+    };
+    if constexpr (FAST && CH <= FA_THREADS) {  // a position a thread (the loop's bound unknown to the compiler)
+        if (tid < len) mask_at(tid);
+    } else {
+        for (int jj = tid; jj < len; jj += FA_THREADS) mask_at(jj);
     }
     visible = __syncthreads_or(visible);
     fa_stamp(2);
@@ -332,19 +351,35 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
         fa_stamp(4);
 
         // ---- the chunk's softmax statistics, one warp per head; sc becomes e^(s - m), 0 past len
-        // (up to chunk: the fast P·V step reads whole groups of 8)
-        for (int hh = warp; hh < NH; hh += FA_WARPS) {
-            float m = NEG_INF;
-            for (int jj = lane; jj < len; jj += 32) m = max_nan(m, sc[hh][jj]);
-            m = warp_max(m);
-            float l = 0.0f;
-            for (int jj = lane; jj < chunk; jj += 32) {
-                const float e = (jj < len && m != NEG_INF) ? expf(sc[hh][jj] - m) : 0.0f;
-                sc[hh][jj] = e;
-                l += e;
+        // (up to chunk: the fast P·V step reads whole groups of 8). The short builds (CH <= 32) hold
+        // one position a lane: the loops over positions, whose bound the compiler cannot know,
+        // had unrolled into ~800 instructions of a 4,600-instruction build that each block runs
+        // once, its time going to fetching its own code (docs/performance.md, thirty-fifth
+        // session); the same operations in the same order, so the same bits.
+        if constexpr (FAST && CH <= 32) {
+#pragma unroll 1
+            for (int hh = warp; hh < NH; hh += FA_WARPS) {
+                const float s = lane < len ? sc[hh][lane] : NEG_INF;
+                const float m = warp_max(max_nan(NEG_INF, s));
+                const float e = (lane < len && m != NEG_INF) ? expf(s - m) : 0.0f;
+                if (lane < CH) sc[hh][lane] = e;
+                const float l = warp_sum(lane < CH ? e : 0.0f);
+                if (lane == 0) put_ml(hh, m, l);
             }
-            l = warp_sum(l);
-            if (lane == 0) put_ml(hh, m, l);
+        } else {
+            for (int hh = warp; hh < NH; hh += FA_WARPS) {
+                float m = NEG_INF;
+                for (int jj = lane; jj < len; jj += 32) m = max_nan(m, sc[hh][jj]);
+                m = warp_max(m);
+                float l = 0.0f;
+                for (int jj = lane; jj < chunk; jj += 32) {
+                    const float e = (jj < len && m != NEG_INF) ? expf(sc[hh][jj] - m) : 0.0f;
+                    sc[hh][jj] = e;
+                    l += e;
+                }
+                l = warp_sum(l);
+                if (lane == 0) put_ml(hh, m, l);
+            }
         }
         if (FAST) cp_async_wait<0>();  // the V tile
         __syncthreads();
@@ -468,13 +503,24 @@ __device__ __forceinline__ void flash_impl(char* dst, const TDesc& d, const char
 // The chunk weights of a head group's rows, thread i < n (= heads * S) taking entry i = (head,
 // chunk): on entry w[i] is the chunk's max m and lw[i] its sum l (published by a barrier), on
 // return w[i] = e^(m - M) with M the head's max over its S chunks (0 for an empty chunk) and lw[i]
-// = l * w[i]; the caller's next barrier publishes them.
+// = l * w[i]; the caller's next barrier publishes them. MAXS > 0: S <= MAXS (the cluster's), the
+// loop over the chunks unrolled to that bound (the same maxima in the same order: a runtime
+// bound had unrolled into ~190 instructions).
+template <int MAXS = 0>
 __device__ __forceinline__ void chunk_weights(float* w, float* lw, int n, int S) {
     const float NEG_INF = -__int_as_float(0x7f800000);
     const int tid = threadIdx.x;
     float M = NEG_INF;
-    if (tid < n)
-        for (int c = 0; c < S; ++c) M = max_nan(M, w[tid / S * S + c]);
+    if (tid < n) {
+        const float* wh = w + tid / S * S;  // the head's chunks
+        if constexpr (MAXS > 0) {
+#pragma unroll
+            for (int c = 0; c < MAXS; ++c)
+                if (c < S) M = max_nan(M, wh[c]);
+        } else {
+            for (int c = 0; c < S; ++c) M = max_nan(M, wh[c]);
+        }
+    }
     __syncthreads();  // every maximum taken before the weights replace the m
     if (tid < n) {
         const float m = w[tid], e = m == NEG_INF ? 0.0f : expf(m - M);  // an empty chunk: weight 0
@@ -564,7 +610,7 @@ __device__ __forceinline__ void flash_cluster_finish(char* dst, const TDesc& d, 
             lw[tid] = ld_cluster(ml + 2 * hh + 1, (unsigned)c);
         }
         __syncthreads();
-        chunk_weights(w, lw, NH * S, S);
+        chunk_weights<MAXC>(w, lw, NH * S, S);
         __syncthreads();
         const int T = (int)d.ne[1], t = (int)blockIdx.z % T, i3 = (int)blockIdx.z / T;
         const int per = (NH * HD + S - 1) / S, e0 = (int)me * per, e1 = min(NH * HD, e0 + per);
