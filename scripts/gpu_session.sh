@@ -24,7 +24,8 @@
 #                                       the head as llama-quantize's Q4_0 files have it), by the trees in TREES (this
 #                                       one, .ab/old if carried: git archive OLD gg | tar -x -C .ab/old);
 #                                       STEPS=1: each step of layer 1 too (scripts/model_steps.py);
-#                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches;
+#                                       FLAGS="--no-stream;--no-epilogue": this tree with those switches (ROUNDS=N:
+#                                       N rounds of them, alternating);
 #                                       TRACE=1: per-kernel times and gaps of the replay (TRACE_FLAGS="a;b": also with
 #                                       each of those; TRACE_BASE: switches every trace takes, e.g. "--n-ctx 128");
 #                                       AFTER_PREP=1: first wait (up to 4 min) for a `prep` of the same call
@@ -152,8 +153,9 @@ twin)
                 python3 scripts/trace_steps.py /tmp/tr.json ${N:-0} > "$OUT/trace_${q}${flags// /}.txt" 2>&1; tail -1 "$OUT/trace_${q}${flags// /}.txt"
             done
         fi
-        IFS=';'; for flags in ${FLAGS:-}; do unset IFS  # this tree with model_steps.py switches: FLAGS="--no-stream;--no-epilogue"
-            echo "[$flags]: $(python3 scripts/model_steps.py $T-$q$H.gguf --total $flags | tail -1)"
+        IFS=';' read -ra fl <<< "${FLAGS:-}"  # this tree with model_steps.py switches: FLAGS="--no-stream;--no-epilogue",
+        for r in $(seq 1 ${ROUNDS:-1}); do    # ROUNDS times, alternating
+            for flags in "${fl[@]}"; do echo "[$flags]: $(python3 scripts/model_steps.py $T-$q$H.gguf --total $flags | tail -1)"; done
         done
     done 2>&1 | tee "$OUT/twin.log"
     ;;
