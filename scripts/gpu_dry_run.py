@@ -5,11 +5,12 @@ plan takes) show up before a GPU session spends its minutes on them.
     PYTHONPATH=scripts python -m pytest -p gpu_dry_run -m cuda tests/test_direct.py
 
 Plans are made for CUDA exactly as the tests write them (planning needs no device), so every
-assertion on a plan, a kernel or a launch geometry runs. `Graph.compute()` then computes a CPU plan
-of the same outputs instead, and the leaves are left as if the CUDA plan had placed them. What it
-cannot check: the kernels' values (the CPU backend computes them), anything that launches or reads
-device memory directly, and tests asserting the GPU's own rounding (e.g. that int8 activations
-differ from F32 ones): those fail here and mean nothing. Compare a branch's failures with main's.
+assertion on a plan, a kernel or a launch geometry runs. `Graph.compute()` then computes the same
+outputs with tests/cuda_shaped_backend.py ("cudalike": CUDA's steps, fusions and arena, the CPU's
+numpy kernels), and the leaves are left as if the CUDA plan had placed them. What it cannot check:
+the kernels' values, anything that launches, allocates or reads device memory directly, and tests
+asserting the GPU's own rounding (e.g. that int8 activations differ from F32 ones): those fail here
+and mean nothing. Compare a branch's failures with main's.
 """
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ def _cuda_present(name: str, *args, **kwargs) -> bool:
 
 
 def _dry_compute(self: _graph.Graph, sync: bool = True) -> _graph.Graph:
+    import cuda_shaped_backend  # noqa: F401 - tests/: registers "cudalike", CUDA's plans on the CPU's kernels
+
     self.plan  # the CUDA plan, as the test will inspect it
-    g = gg.build_forward(*self.outputs, backends=("cpu",), fuse=self.fuse)
-    placed = [t for t in g.leafs if t.home in (None, "cuda")]
+    g = gg.build_forward(*self.outputs, backends=("cudalike", "cpu"), fuse=self.fuse)
+    placed = [t for t in g.leafs if t.home in (None, "cuda", "cudalike")]
     for t in placed:
         t.home = None
     _compute(g, sync)
